@@ -1,0 +1,3 @@
+from vitkit.cli.main import main
+
+raise SystemExit(main())

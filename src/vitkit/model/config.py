@@ -1,0 +1,154 @@
+"""The one source of truth for a model: a frozen dataclass, and the paper's Table 1 as named instances."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+POOLS = ("cls", "gap")
+POS_EMBEDS = ("learn", "sincos2d", "none")
+
+
+def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    t = tuple(int(v) for v in x)
+    if len(t) != 2:
+        raise ValueError(f"expected an int or a pair (H, W), got {x!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Hyper-parameters of a Vision Transformer (Dosovitskiy et al., 2021).
+
+    ``img_size`` and ``patch_size`` may be an int or ``(H, W)``. ``hybrid`` names a torchvision ResNet
+    stem (e.g. ``"resnet50:3"``: the first 3 stages) whose feature map replaces the image (§3.1, Hybrid).
+    ``fc_norm`` moves the final LayerNorm after the pooling (timm's default for ``global_pool="avg"``).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int | tuple[int, int] = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    pool: str = "cls"
+    pos_embed: str = "learn"
+    fc_norm: bool = False
+    hybrid: str | None = None
+    drop_rate: float = 0.0
+    pos_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        # Normalise tuples given as lists (YAML / JSON) so configs compare and hash equal.
+        for name in ("img_size", "patch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int):
+                v = to_2tuple(v)
+                object.__setattr__(self, name, v[0] if v[0] == v[1] else v)
+        if self.pool not in POOLS:
+            raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"ViTConfig.pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            raise ValueError(f"pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
+            if getattr(self, name) < (0 if name == "num_classes" else 1):
+                raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}")
+        (h, w), (ph, pw), s = to_2tuple(self.img_size), to_2tuple(self.patch_size), self.input_stride
+        if h % (ph * s) or w % (pw * s):
+            raise ValueError(f"img_size {(h, w)} must be a multiple of the patch size {(ph * s, pw * s)}"
+                             + (f" (patch {(ph, pw)} x hybrid stride {s})" if s > 1 else ""))
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.pool == "cls" else 0
+
+    @property
+    def input_stride(self) -> int:
+        """Pixels per feature-map cell before patching: 1, or the CNN stride of the hybrid stem."""
+        return hybrid_stride(self.hybrid) if self.hybrid else 1
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid (H/P, W/P) at ``img_size``."""
+        (h, w), (ph, pw), s = to_2tuple(self.img_size), to_2tuple(self.patch_size), self.input_stride
+        return h // (ph * s), w // (pw * s)
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    def replace(self, **overrides: Any) -> "ViTConfig":
+        return dataclasses.replace(self, **check_keys(overrides, "ViTConfig"))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+        return cls(**check_keys(d, "ViTConfig"))
+
+
+def hybrid_stages(spec: str) -> int:
+    """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages)."""
+    name, _, n = spec.partition(":")
+    if not name.startswith("resnet") or not (n or "3").isdigit() or not 1 <= int(n or 3) <= 4:
+        raise ValueError(f"hybrid must look like 'resnet50:3' (a torchvision ResNet and 1-4 stages), got {spec!r}")
+    return int(n or 3)
+
+
+def hybrid_stride(spec: str) -> int:
+    return 4 * 2 ** (hybrid_stages(spec) - 1)  # stem /4, then each later stage /2
+
+
+def check_keys(d: dict[str, Any], what: str) -> dict[str, Any]:
+    """Unknown keys raise, naming them and the known ones."""
+    known = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} key(s) {unknown}; known keys: {sorted(known)}")
+    return dict(d)
+
+
+# Table 1 of the paper: (Layers, Hidden size D, MLP size, Heads). MLP size is always 4·D.
+TABLE1: dict[str, dict[str, int]] = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),  # DeiT's Ti, used by timm and AugReg
+    "small": dict(embed_dim=384, depth=12, num_heads=6),  # likewise S
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+    "huge": dict(embed_dim=1280, depth=32, num_heads=16),
+}
+PATCHES = {"tiny": (8, 16, 32), "small": (8, 16, 32), "base": (8, 16, 32), "large": (14, 16, 32), "huge": (14, 16)}
+
+
+def _build_presets() -> dict[str, ViTConfig]:
+    presets: dict[str, ViTConfig] = {}
+    for size, dims in TABLE1.items():
+        for p in PATCHES[size]:
+            for res in (224, 384) if p != 14 else (224,):
+                presets[f"vit_{size}_patch{p}_{res}"] = ViTConfig(img_size=res, patch_size=p, **dims)
+    # The paper's hybrid (§3.1): a ResNet-50 feature map (stride 16) cut into 1x1 patches.
+    # Named apart from timm's vit_base_r50_s16_*, whose ResNetV2 (GroupNorm, 3-4-9 blocks) differs from torchvision's.
+    for res in (224, 384):
+        presets[f"vit_base_tvresnet50_s16_{res}"] = ViTConfig(img_size=res, patch_size=1, hybrid="resnet50:3",
+                                                               **TABLE1["base"])
+    # Small models for small images (Fashion-MNIST, CIFAR, digits): not in the paper, used by our recipes.
+    presets["vit_micro_patch4_32"] = ViTConfig(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4)
+    presets["vit_nano_patch2_8"] = ViTConfig(img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,
+                                             in_chans=1, num_classes=10)
+    return presets
+
+
+PRESETS: dict[str, ViTConfig] = _build_presets()

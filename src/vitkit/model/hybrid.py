@@ -1,0 +1,20 @@
+"""The paper's hybrid input (§3.1): the patches come from a CNN feature map instead of raw pixels."""
+from __future__ import annotations
+
+import torch.nn as nn
+import torchvision
+
+from .config import hybrid_stages, hybrid_stride
+
+
+def resnet_stages(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
+    """``"resnet50:3"`` -> (stem + first 3 stages of a torchvision ResNet-50, output channels, stride)."""
+    stages, name = hybrid_stages(spec), spec.partition(":")[0]
+    if not hasattr(torchvision.models, name):
+        raise ValueError(f"hybrid {spec!r}: torchvision has no model {name!r}")
+    net = getattr(torchvision.models, name)(weights=None)
+    if in_chans != 3:
+        net.conv1 = nn.Conv2d(in_chans, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    layers = [net.conv1, net.bn1, net.relu, net.maxpool] + [getattr(net, f"layer{i}") for i in range(1, stages + 1)]
+    channels = [m for m in layers[-1].modules() if isinstance(m, nn.Conv2d)][-1].out_channels
+    return nn.Sequential(*layers), channels, hybrid_stride(spec)

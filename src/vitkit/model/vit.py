@@ -1,0 +1,248 @@
+"""The Vision Transformer of Dosovitskiy et al. (ICLR 2021), read top-down as the paper's equations 1-4.
+
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos                     (Eq. 1)
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                                     (Eq. 2)
+    z_l = MLP(LN(z'_l)) + z'_l                                            (Eq. 3)
+    y = LN(z_L^0)                                                         (Eq. 4)
+
+Parameter names follow timm's ``VisionTransformer`` so state dicts move between the two unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ViTConfig, to_2tuple
+from .hybrid import resnet_stages
+from .posembed import resample_pos_embed, sincos_2d_pos_embed
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (MSA, Appendix A): softmax(q k^T / sqrt(D_h)) v for each head, then a projection."""
+
+    fused_attn: bool = True  # F.scaled_dot_product_attention; the exact path is used when weights are wanted
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5  # 1/sqrt(D_h), applied *before* the softmax
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attend = nn.Softmax(dim=-1)  # a module, so attention can be hooked and observed
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
+        # b t (3 h d) -> 3 b h t d
+        if self.fused_attn and not need_weights:
+            attn = None
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            attn = self.attend((q * self.scale) @ k.transpose(-2, -1))  # (B, h, T, T)
+            x = self.attn_drop(attn) @ v
+        x = x.transpose(1, 2).reshape(B, T, D)  # b h t d -> b t (h d)
+        return self.proj_drop(self.proj(x)), attn
+
+
+class Mlp(nn.Module):
+    """Two layers with a GELU non-linearity (§3.1)."""
+
+    def __init__(self, dim: int, hidden: int, drop: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the residual branch per sample, rescaling the kept ones."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty(x.shape[0], *([1] * (x.ndim - 1))).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):
+    """One encoder layer: pre-norm MSA and pre-norm MLP, each with a residual connection (Eq. 2-3)."""
+
+    def __init__(self, c: ViTConfig, drop_path: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.attn = Attention(c.embed_dim, c.num_heads, c.qkv_bias, c.attn_drop_rate, c.proj_drop_rate)
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.proj_drop_rate)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, attn = self.attn(self.norm1(x), need_weights)
+        x = x + self.drop_path1(a)  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
+        return x, attn
+
+
+class PatchEmbed(nn.Module):
+    """x_p E of Eq. 1: a P x P convolution with stride P is the linear map E applied to each flattened patch.
+    In the hybrid model (§3.1) the patches are cut from a CNN feature map instead of the image."""
+
+    def __init__(self, c: ViTConfig) -> None:
+        super().__init__()
+        self.patch_size = to_2tuple(c.patch_size)
+        chans, self.stride = c.in_chans, 1
+        if c.hybrid:
+            self.backbone, chans, self.stride = resnet_stages(c.hybrid, c.in_chans)
+        self.proj = nn.Conv2d(chans, c.embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.in_chans = c.in_chans
+        self.grid_size = c.grid_size
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+
+    def grid_for(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Patch grid for an (H, W) image; raises if the image does not tile into patches."""
+        ph, pw = self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
+        if hw[0] % ph or hw[1] % pw:
+            raise ValueError(f"image size {tuple(hw)} is not a multiple of the patch size {(ph, pw)}")
+        return hw[0] // ph, hw[1] // pw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "backbone"):
+            x = self.backbone(x)
+        return self.proj(x).flatten(2).transpose(1, 2)  # b d h w -> b (h w) d
+
+
+class VisionTransformer(nn.Module):
+    """ViT (Dosovitskiy et al., 2021). ``forward`` gives logits; ``forward_attention`` also every layer's attention."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.num_prefix_tokens = c.num_prefix_tokens
+        self.patch_embed = PatchEmbed(c)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.pool == "cls" else None
+        num_tokens = self.num_prefix_tokens + self.patch_embed.num_patches
+        if c.pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, c.embed_dim))
+        elif c.pos_embed == "sincos2d":
+            self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(c.pos_drop_rate)
+        dpr = torch.linspace(0, c.drop_path_rate, c.depth).tolist()  # stochastic depth grows with depth
+        self.blocks = nn.Sequential(*[Block(c, dpr[i]) for i in range(c.depth)])
+        self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if c.fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
+        return sincos_2d_pos_embed(grid, self.config.embed_dim, self.num_prefix_tokens)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """As the official implementation: Xavier-uniform linears, zero head, N(0, 0.02) position embedding and
+        class token (truncated at 2 sigma), the patch embedding initialised as the linear layer it is."""
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                if name == "head":
+                    nn.init.zeros_(m.weight)
+                else:
+                    nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.normal_(m.bias, std=1e-6) if ".mlp." in f".{name}." else nn.init.zeros_(m.bias)
+        w = self.patch_embed.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # d c p q -> d (c p q): fan-in of the flattened patch
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        for p in (self.pos_embed, self.cls_token):
+            if isinstance(p, nn.Parameter):
+                nn.init.trunc_normal_(p, std=0.02, a=-0.04, b=0.04)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def _check_input(self, x: torch.Tensor) -> tuple[int, int]:
+        if x.ndim != 4 or x.shape[1] != self.patch_embed.in_chans:
+            raise ValueError(f"expected images of shape (B, {self.patch_embed.in_chans}, H, W), "
+                             f"got {tuple(x.shape)}")
+        return self.patch_embed.grid_for((x.shape[2], x.shape[3]))
+
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        """E_pos for this grid: the stored table, or resampled (§3.2) when the image size differs."""
+        if self.pos_embed is None or grid == self.patch_embed.grid_size:
+            return self.pos_embed
+        if self.config.pos_embed == "sincos2d":
+            return self._sincos(grid).to(self.pos_embed)
+        return resample_pos_embed(self.pos_embed, grid, self.num_prefix_tokens, self.patch_embed.grid_size)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos."""
+        grid = self._check_input(x)
+        x = self.patch_embed(x)  # (B, N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        pos = self._pos_embed_for(grid)
+        if pos is not None:
+            x = x + pos
+        return self.pos_drop(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens after the encoder and its final LayerNorm, (B, T, D)."""
+        x, _ = self._run_blocks(self.embed(x))
+        return self.norm(x)
+
+    def _run_blocks(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        attns = []
+        for blk in self.blocks:
+            x, attn = blk(x, need_weights)
+            if attn is not None:
+                attns.append(attn)
+        return x, attns
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP) into the head."""
+        x = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits and the attention probabilities of every layer, each (B, heads, T, T), from the exact path."""
+        x, attns = self._run_blocks(self.embed(x), need_weights=True)
+        return self.forward_head(self.norm(x)), attns
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- checkpoints (defined in hub.py, attached here so users find them on the model) --
+    def save_pretrained(self, directory, **preprocessing) -> None:  # type: ignore[no-untyped-def]
+        """Write ``config.json`` + ``model.safetensors`` (+ preprocessing) to ``directory``."""
+        from .hub import save_pretrained
+
+        save_pretrained(self, directory, **preprocessing)
+
+
+def flops_per_image(c: ViTConfig) -> float:
+    """Forward FLOPs (2 x MACs) of the transformer's matmuls for one image, for utilisation figures."""
+    gh, gw = (s // p for s, p in zip(to_2tuple(c.img_size), to_2tuple(c.patch_size)))
+    n, t, d = gh * gw, gh * gw + c.num_prefix_tokens, c.embed_dim
+    patch = n * d * c.in_chans * math.prod(to_2tuple(c.patch_size))
+    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * int(d * c.mlp_ratio)
+    return 2.0 * (patch + c.depth * per_block + d * c.num_classes)
