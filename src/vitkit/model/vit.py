@@ -142,7 +142,7 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
-        dpr = torch.linspace(0, c.drop_path_rate, c.depth).tolist()  # stochastic depth grows with depth
+        dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # grows linearly with depth
         self.blocks = nn.Sequential(*[Block(c, dpr[i]) for i in range(c.depth)])
         self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
         self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if c.fc_norm else nn.Identity()

@@ -1,0 +1,45 @@
+"""``vitkit <command>``: each command lives in its own module with ``add_parser`` and ``run``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .. import __version__
+
+COMMANDS = {
+    "train": ("train", "train or fine-tune a ViT"),
+    "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix"),
+    "predict": ("predict", "top-k classes for image files"),
+    "summary": ("summary", "layer table, parameters and MACs (torchinfo)"),
+    "inspect": ("inspect_cmd", "attention maps, rollout, attention distance, position embeddings, filters"),
+    "import": ("import_cmd", "convert timm / Hugging Face / JAX weights into a vitkit folder"),
+    "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm or Hugging Face"),
+    "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
+    "bench": ("bench", "throughput against timm / Hugging Face / torchvision, and the machine's ceiling"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    p.add_argument("--version", action="version", version=f"vitkit {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        mod = importlib.import_module(f"vitkit.cli.{module}")
+        sp = sub.add_parser(name, help=help_, description=help_)
+        mod.add_parser(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
+        return 2

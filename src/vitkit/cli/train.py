@@ -1,0 +1,169 @@
+"""``vitkit train``: recipe (configs/<dataset>.yaml) < --config FILE < flags, then the Trainer."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .common import add_data_flags, add_model_flags, model_overrides
+
+# flag -> TrainConfig field (type, help); every default is "not given" so layering works
+TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
+    ("--init",): ("init", str, "fine-tune from weights: a vitkit folder, a timm/HF folder or file, or a JAX .npz"),
+    ("--epochs",): ("epochs", int, "epochs"),
+    ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
+    ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),
+    ("--lr",): ("lr", float, "peak learning rate (for the global batch; not scaled automatically)"),
+    ("--min-lr",): ("min_lr", float, "learning rate at the end of the cosine"),
+    ("--body-lr-scale",): ("body_lr_scale", float, "LR of all but the head relative to --lr (fine-tuning)"),
+    ("--weight-decay",): ("weight_decay", float, "AdamW/SGD weight decay (not on norms, biases, pos/cls)"),
+    ("--warmup-epochs",): ("warmup_epochs", float, "linear warmup"),
+    ("--opt",): ("opt", str, "adamw | sgd"),
+    ("--momentum",): ("momentum", float, "SGD momentum"),
+    ("--smoothing",): ("smoothing", float, "label smoothing"),
+    ("--mixup",): ("mixup", float, "MixUp alpha (0 = off)"),
+    ("--cutmix",): ("cutmix", float, "CutMix alpha (0 = off)"),
+    ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
+    ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
+    ("--clip-grad",): ("clip_grad", float, "clip the gradient norm"),
+    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA)"),
+    ("--device",): ("device", str, "auto | cpu | cuda | cuda:N | mps"),
+    ("--seed",): ("seed", int, "random seed"),
+    ("--time-limit",): ("time_limit", float, "minutes of wall time; the LR schedule is planned to end there"),
+    ("--output",): ("output", str, "run folder (default runs/<dataset>-<time>)"),
+    ("--resume",): ("resume", str, "a run folder, or 'auto' (the --output folder if it has a checkpoint)"),
+    ("--model-ema-decay",): ("model_ema_decay", float, "EMA decay"),
+    ("--eval-batch-size",): ("eval_batch_size", int, "evaluation batch size"),
+}
+BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluated and saved)"),
+              "--compile": ("compile", "torch.compile the model"),
+              "--hflip": ("hflip", "random horizontal flips")}
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_data_flags(p)
+    add_model_flags(p)
+    g = p.add_argument_group("training")
+    for flags, (dest, typ, help_) in TRAIN_FLAGS.items():
+        g.add_argument(*flags, dest=dest, type=typ, default=argparse.SUPPRESS, help=help_)
+    for flag, (dest, help_) in BOOL_FLAGS.items():
+        g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
+    g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
+
+
+def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # noqa: F821
+    """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
+    from ..data.datasets import default_cache_dir, load_dataset
+    from ..training.config import TrainConfig, read_yaml, recipe
+    from ..training.recipes import choose_recipe
+
+    given = {k: v for k, v in vars(args).items()
+             if not k.startswith("model__") and k not in ("command", "_run", "config")}
+    file_cfg = read_yaml(args.config) if args.config else {}
+    resume = given.get("resume") or file_cfg.get("resume")
+    saved: dict[str, Any] = {}
+    if resume:
+        run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
+        if resume == "auto" and not (run_dir / "last").exists():
+            given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
+        elif (run_dir / "config.yaml").is_file():
+            saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            given["resume"], given.setdefault("output", str(run_dir))
+        else:
+            raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
+    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
+    merged: dict[str, Any] = {"dataset": dataset}
+    data = None
+    if not saved:
+        if dataset == "folder":
+            data_dir = given.get("data_dir") or file_cfg.get("data_dir")
+            probe = {**given, **file_cfg}
+            data = load_dataset("folder", data_dir, False, probe.get("skip_bad_images", False),
+                                probe.get("cache_dir") or default_cache_dir(), progress=_progress())
+            name = choose_recipe(data)
+            print(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
+            merged.update({k: v for k, v in recipe(name).items() if k != "dataset"})
+        else:
+            merged.update(recipe(dataset))
+    merged.update(saved)
+    merged.update(file_cfg)
+    merged.update(given)
+    mo = model_overrides(args)
+    if mo:
+        merged["model_args"] = {**merged.get("model_args", {}), **mo}
+    merged.setdefault("cache_dir", default_cache_dir())
+    return TrainConfig.from_dict(merged, source="train config"), data
+
+
+def _progress():  # type: ignore[no-untyped-def]
+    from functools import partial
+
+    from tqdm import tqdm
+
+    return partial(tqdm, mininterval=1.0, leave=False)
+
+
+def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
+    out = Path(cfg.output)
+    if not cfg.resume and out.exists() and any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
+        raise FileExistsError(f"{out} already holds a run; use --resume auto to continue it, or another --output "
+                              "(nothing was overwritten)")
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.time()
+    import torch.distributed as dist
+
+    from ..training.trainer import Trainer, TrainingDiverged
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and not dist.is_initialized():
+        import torch
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    cfg, data = resolve_config(args)
+    if cfg.output is None:
+        cfg.output = os.path.join("runs", f"{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if distributed:  # every rank must agree on the folder
+            obj = [cfg.output]
+            dist.broadcast_object_list(obj, src=0)
+            cfg.output = obj[0]
+    try:
+        _check_output(cfg)
+    except FileExistsError as e:
+        print(f"vitkit train: error: {e}", file=sys.stderr)
+        return 2
+    if rank == 0:
+        print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+    trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty())
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        received.append(signum)
+        print(f"\nsignal {signum}: finishing this step, saving last/ and exiting", file=sys.stderr)
+        trainer.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        result = trainer.fit()
+    except TrainingDiverged as e:
+        print(f"vitkit train: error: {e}", file=sys.stderr)
+        return 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if result.stopped_early:
+        return 128 + (received[0] if received else signal.SIGTERM)
+    if rank == 0:
+        print(f"final: val_top1={result.val_top1:.2f} epochs={result.epochs} elapsed_s={result.elapsed_s:.1f}")
+    return 0

@@ -1,0 +1,77 @@
+"""Batch augmentation on uint8 tensors already on the device: no per-image Python in the hot loop."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchvision.transforms import v2
+
+from .datasets import ImageTensors
+
+
+def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-image random crop of a zero-padded batch, (B, C, H, W) -> (B, C, H, W), by gather (no loop)."""
+    if padding <= 0:
+        return x
+    B, C, H, W = x.shape
+    xp = F.pad(x, (padding,) * 4)
+    oy = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)
+    ox = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)
+    rows = (oy[:, None] + torch.arange(H, device=x.device))[:, None, :, None]  # b 1 h 1
+    cols = (ox[:, None] + torch.arange(W, device=x.device))[:, None, None, :]  # b 1 1 w
+    b = torch.arange(B, device=x.device)[:, None, None, None]
+    c = torch.arange(C, device=x.device)[None, :, None, None]
+    return xp[b, c, rows, cols]
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    flip = (torch.rand(x.shape[0], generator=generator) < 0.5).to(x.device)[:, None, None, None]
+    return torch.where(flip, x.flip(-1), x)
+
+
+class BatchAugment:
+    """uint8 batch -> normalised float batch (and soft targets when MixUp/CutMix are on).
+
+    ``aa``: ``"rand"`` (RandAugment) or ``"trivial"`` (TrivialAugmentWide) from torchvision v2, applied to groups of
+    ``aa_group`` images so that each group draws its own operation.
+    """
+
+    def __init__(self, mean: list[float], std: list[float], img_size: tuple[int, int], num_classes: int,
+                 crop_padding: int = 0, hflip: bool = False, aa: str | None = None, aa_group: int = 8,
+                 mixup: float = 0.0, cutmix: float = 0.0) -> None:
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(std).view(1, -1, 1, 1) * 255
+        self.img_size, self.crop_padding, self.hflip, self.aa_group = tuple(img_size), crop_padding, hflip, aa_group
+        self.aa = {None: None, "none": None, "rand": v2.RandAugment(), "trivial": v2.TrivialAugmentWide()}[aa]
+        mix = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
+              ([v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
+        self.mix = v2.RandomChoice(mix) if mix else None
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 -> float, resized to the model's size, standardised."""
+        x = x.float()
+        if tuple(x.shape[-2:]) != self.img_size:
+            x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, train: bool,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if train:
+            if self.aa is not None:
+                x = torch.cat([self.aa(g) for g in x.split(self.aa_group)])
+            x = random_crop(x, self.crop_padding, generator)
+            if self.hflip:
+                x = random_hflip(x, generator)
+        x = self.normalize(x)
+        if train and self.mix is not None:
+            x, y = self.mix(x, y)
+        return x, y
+
+
+def batches(data: ImageTensors, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool,
+            device: torch.device):
+    """Yield (uint8 images, labels) on ``device`` for consecutive chunks of ``indices``."""
+    idx = torch.as_tensor(indices, dtype=torch.int64)
+    n = len(idx) - (len(idx) % batch_size if drop_last else 0)
+    for i in range(0, n, batch_size):
+        j = idx[i:i + batch_size]
+        yield data.images[j].to(device, non_blocking=True), data.labels[j].to(device, non_blocking=True)

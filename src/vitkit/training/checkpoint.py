@@ -1,0 +1,60 @@
+"""Run-folder checkpoints: ``last/`` and ``best/``, each a ``save_pretrained`` folder plus ``train_state.pt``.
+
+A checkpoint is written beside its final name and renamed into place, so a kill mid-save leaves either the old
+or the new one, never a broken one. ``train_state.pt`` holds only tensors and plain values and is read with
+``weights_only=True``: nothing is unpickled.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model.hub import atomic_write, save_pretrained
+from ..model.vit import VisionTransformer
+
+STATE_NAME = "train_state.pt"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: Path, name: str, model: VisionTransformer, preprocessing: dict[str, Any],
+                    train_state: dict[str, Any] | None = None) -> Path:
+    final, new, old = run_dir / name, run_dir / f".{name}.new", run_dir / f".{name}.old"
+    shutil.rmtree(new, ignore_errors=True)
+    save_pretrained(model, new, **preprocessing)
+    if train_state is not None:
+        atomic_write(new / STATE_NAME, lambda p: torch.save(train_state, p))
+    _fsync_dir(new)
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    _fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def recover_checkpoint(run_dir: Path, name: str) -> Path | None:
+    """The checkpoint ``name`` if it is complete; after a kill between the two renames, the previous one."""
+    final, old = run_dir / name, run_dir / f".{name}.old"
+    if not final.exists() and old.exists():
+        old.rename(final)
+    shutil.rmtree(run_dir / f".{name}.new", ignore_errors=True)
+    return final if final.exists() else None
+
+
+def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
+    path = ckpt_dir / STATE_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: nothing to resume from")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,100 @@
+"""Everything a training run needs, in one dataclass; the CLI maps flags and YAML onto it."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..data.datasets import DATASETS
+from ..model.config import check_keys as check_model_keys
+
+
+@dataclass
+class TrainConfig:
+    # data
+    dataset: str = "digits"
+    data_dir: str | None = None
+    download: bool = False
+    skip_bad_images: bool = False
+    cache_dir: str | None = None
+    # model: a preset plus ViTConfig overrides (img_size, patch_size, embed_dim, depth, ...)
+    model: str = "vit_nano_patch2_8"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    init: str | None = None  # fine-tune from a save_pretrained folder (position embeddings resampled, new head)
+    # optimisation
+    epochs: int = 30
+    batch_size: int = 128
+    grad_accum: int = 1
+    opt: str = "adamw"
+    lr: float = 1e-3
+    body_lr_scale: float = 1.0  # LR of everything but the head, relative to --lr (fine-tuning)
+    min_lr: float = 1e-5
+    momentum: float = 0.9
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    clip_grad: float | None = None
+    smoothing: float = 0.0
+    # augmentation (in batches, on the device)
+    crop_padding: int = 0
+    hflip: bool = False
+    aa: str | None = None  # "rand" | "trivial"
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    model_ema: bool = False
+    model_ema_decay: float = 0.999
+    # machinery
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 0
+    time_limit: float | None = None  # minutes of wall time for the whole run, evaluation included
+    eval_batch_size: int = 512
+    output: str | None = None
+    resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        check_model_keys(self.model_args, "model override")
+        choices = {"opt": ("adamw", "sgd"), "precision": ("fp32", "bf16", "fp16"), "aa": (None, "rand", "trivial")}
+        for k, allowed in choices.items():
+            if getattr(self, k) not in allowed:
+                raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
+        for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**d)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file {p} not found")
+    d = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"{p}: expected a mapping of TrainConfig keys, got {type(d).__name__}")
+    return d
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The shipped recipe ``configs/<name>.yaml`` (the per-dataset defaults), or {} if there is none."""
+    f = resources.files("vitkit") / "configs" / f"{name}.yaml"
+    return yaml.safe_load(f.read_text()) or {} if f.is_file() else {}
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.name[:-5] for p in (resources.files("vitkit") / "configs").iterdir() if p.name.endswith(".yaml"))

@@ -1,0 +1,50 @@
+"""Top-1/top-5, loss, per-class accuracy and the confusion matrix of a model on in-memory images."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data.augment import BatchAugment, batches
+from ..data.datasets import ImageTensors
+
+
+def autocast_for(device: torch.device, precision: str):  # type: ignore[no-untyped-def]
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: ImageTensors, augment: BatchAugment, num_classes: int,
+             device: torch.device, batch_size: int = 512, precision: str = "fp32",
+             rank: int = 0, world: int = 1) -> dict:
+    """Metrics over ``data``; under DDP each rank takes every ``world``-th image and the sums are all-reduced."""
+    was_training = model.training
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    top5 = torch.zeros((), dtype=torch.int64, device=device)
+    idx = torch.arange(rank, len(data), world)
+    for x, y in batches(data, idx, batch_size, drop_last=False, device=device):
+        x, _ = augment(x, y, train=False)
+        with autocast_for(device, precision):
+            logits = model(x)
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        k = min(5, num_classes)
+        top5 += (logits.topk(k, dim=1).indices == y[:, None]).any(dim=1).sum()
+        confusion += torch.bincount(y * num_classes + logits.argmax(1), minlength=num_classes ** 2).view(
+            num_classes, num_classes)
+    if world > 1:
+        for t in (confusion, loss_sum, top5):
+            dist.all_reduce(t)
+    model.train(was_training)
+    n = int(confusion.sum())
+    per_class = (confusion.diag().double() / confusion.sum(1).clamp_min(1)).tolist()
+    return {"top1": 100.0 * float(confusion.diag().sum()) / max(n, 1), "top5": 100.0 * float(top5) / max(n, 1),
+            "loss": float(loss_sum) / max(n, 1), "n": n, "per_class_acc": [100.0 * a for a in per_class],
+            "confusion": confusion.cpu().tolist()}

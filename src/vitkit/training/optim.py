@@ -1,0 +1,44 @@
+"""Optimiser with the usual ViT parameter groups, and the warmup + cosine learning-rate schedule."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import TrainConfig
+
+
+def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    """No weight decay on norms, biases, position embedding and class token; ``body_lr_scale`` for all but the head."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    groups: dict[tuple[bool, bool], dict] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        no_decay = p.ndim <= 1 or name in skip
+        head = name.startswith("head.")
+        g = groups.setdefault((no_decay, head), {
+            "params": [], "weight_decay": 0.0 if no_decay else cfg.weight_decay,
+            "lr_scale": 1.0 if head else cfg.body_lr_scale})
+        g["params"].append(p)
+    return list(groups.values())
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg)
+    if cfg.opt == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+
+
+def lr_at(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float:
+    """Linear warmup for ``warmup`` steps, then cosine decay from ``lr`` to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)

@@ -1,0 +1,332 @@
+"""The training loop: data in memory -> batch augmentation -> model -> checkpoints, metrics and curves."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import yaml
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DistributedSampler
+
+from ..data.augment import BatchAugment, batches
+from ..data.datasets import DataSplits, load_dataset
+from ..model.config import to_2tuple
+from ..model.hub import from_pretrained
+from ..model.registry import get_config
+from ..model.vit import VisionTransformer
+from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .evaluate import autocast_for, evaluate
+from .optim import build_optimizer, lr_at, set_lr
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/Inf; the state at that step was written to ``<output>/diverged``."""
+
+
+@dataclass
+class RunResult:
+    val_top1: float
+    best_top1: float
+    epochs: int
+    steps: int
+    elapsed_s: float
+    stopped_early: bool
+    output: Path | None
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
+    """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
+    overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
+    if cfg.init:
+        from ..interop import load_pretrained
+
+        keep = {k: v for k, v in overrides.items() if k != "in_chans"}
+        model = load_pretrained(cfg.init, **keep)
+        if model.config.in_chans != data.in_chans:
+            raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
+                             f"{data.in_chans}")
+        return model
+    if "img_size" not in cfg.model_args:
+        preset = get_config(cfg.model)
+        p = to_2tuple(preset.patch_size)[0] * preset.input_stride
+        if data.img_size[0] % p == 0 and data.img_size[1] % p == 0:
+            overrides["img_size"] = data.img_size
+    return VisionTransformer(get_config(cfg.model, **overrides))
+
+
+class Trainer:
+    """``Trainer(cfg).fit()`` runs a whole training; ``request_stop()`` (e.g. from a signal) ends it cleanly."""
+
+    def __init__(self, cfg: TrainConfig, data: DataSplits | None = None, log: Callable[[str], None] = print,
+                 start_time: float | None = None, progress: bool = True) -> None:
+        self.cfg, self.log = cfg, log
+        self.start_time = start_time or time.time()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.is_main = self.rank == 0
+        local_rank = self.rank % max(torch.cuda.device_count(), 1)
+        self.device = resolve_device(cfg.device, local_rank)
+        self.stop_requested = False
+        self.progress = progress and self.is_main
+        torch.manual_seed(cfg.seed + self.rank)
+
+        self.data = data or load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images,
+                                         cfg.cache_dir)
+        self.model = build_model(cfg, self.data).to(self.device)
+        mc = self.model.config
+        mean, std = getattr(self.model, "preprocessing", {}).get("mean"), None
+        if cfg.init and mean is not None and len(mean) == mc.in_chans:
+            mean, std = self.model.preprocessing["mean"], self.model.preprocessing["std"]
+        else:
+            mean, std = self.data.mean_std()
+        self.preprocessing = {"mean": mean, "std": std, "class_names": self.data.classes}
+        self.augment = BatchAugment(mean, std, to_2tuple(mc.img_size), mc.num_classes, cfg.crop_padding,
+                                    cfg.hflip, cfg.aa, mixup=cfg.mixup, cutmix=cfg.cutmix)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+        self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
+            if cfg.model_ema else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.train_model: nn.Module = self.model
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        if cfg.compile:
+            self.train_model = torch.compile(self.train_model)
+        self.sampler = DistributedSampler(range(len(self.data.train)), self.world, self.rank, shuffle=True,
+                                          seed=cfg.seed, drop_last=True)
+        micro = len(self.sampler) // cfg.batch_size
+        self.steps_per_epoch = max(1, micro // cfg.grad_accum)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
+        self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -1.0, 0.0
+        self.prior_elapsed = 0.0
+        self.out = Path(cfg.output) if cfg.output else None
+        self.writer = None
+        if cfg.resume:
+            self._resume(Path(cfg.resume))
+
+    # ------------------------------------------------------------------------------------------ state
+    def _train_state(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
+                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
+                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
+                "elapsed_s": self.elapsed(), "world": self.world}
+
+    def _resume(self, run_dir: Path) -> None:
+        ckpt = recover_checkpoint(run_dir, "last")
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
+        s = load_train_state(ckpt)
+        self.model.load_state_dict(s["model"])
+        if self.ema is not None and s["ema"] is not None:
+            self.ema.load_state_dict(s["ema"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scaler.load_state_dict(s["scaler"])
+        torch.set_rng_state(s["rng"]["torch"])
+        self.gen.set_state(s["rng"]["gen"])
+        if "cuda" in s["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(s["rng"]["cuda"])
+        self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
+        self.total_steps, self.best_top1, self.last_top1 = s["total_steps"], s["best_top1"], s["last_top1"]
+        self.prior_elapsed = s["elapsed_s"]
+        if s.get("world", 1) != self.world and self.batch_in_epoch:
+            self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
+            self.batch_in_epoch = 0
+        if self.out is None:
+            self.out = run_dir
+        self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
+
+    def elapsed(self) -> float:
+        return self.prior_elapsed + time.time() - self.start_time
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def _open_outputs(self) -> None:
+        if not (self.is_main and self.out):
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tb"))
+        except ImportError:  # tensorboard is a dependency, but a broken install should not stop training
+            self.log("tensorboard not importable: no TensorBoard events")
+
+    def _log_epoch(self, row: dict[str, Any]) -> None:
+        if not (self.is_main and self.out):
+            return
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if k not in ("epoch", "step") and isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, row["step"])
+            self.writer.flush()
+
+    def _save(self, name: str, with_state: bool = True) -> None:
+        if not (self.is_main and self.out):
+            return
+        to_save = self.ema.module if self.ema is not None else self.model
+        save_checkpoint(self.out, name, to_save, self.preprocessing, self._train_state() if with_state else None)
+
+    # ------------------------------------------------------------------------------------------ loop
+    def _plan_time_limit(self, sec_per_step: float, eval_s: float) -> None:
+        """Fit the remaining schedule into the ``--time-limit`` budget: the cosine ends at the budget."""
+        budget = self.cfg.time_limit * 60 - 0.03 * self.cfg.time_limit * 60 - 5  # margin for the final save
+        remaining = budget - self.elapsed()
+        epochs_left = max(1, math.ceil((self.total_steps - self.step) / self.steps_per_epoch))
+        affordable = int((remaining - eval_s * (epochs_left + 1)) / max(sec_per_step, 1e-6))
+        self.total_steps = max(self.step + 1, min(self.cfg.epochs * self.steps_per_epoch, self.step + affordable))
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any (stop requests and NaN must stop all ranks together)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _diverged(self, loss: float) -> None:
+        if self.is_main and self.out:
+            to = self.out / "diverged"
+            save_checkpoint(self.out, "diverged", self.model, self.preprocessing, self._train_state())
+            self.log(f"diverged state written to {to}")
+        raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
+                               "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
+
+    def train_epoch(self) -> tuple[float, float]:
+        cfg, model = self.cfg, self.train_model
+        model.train()
+        self.sampler.set_epoch(self.epoch)
+        indices = list(iter(self.sampler))[: self.steps_per_epoch * cfg.grad_accum * cfg.batch_size]
+        start_batch = self.batch_in_epoch
+        it = batches(self.data.train, indices[start_batch * cfg.batch_size:], cfg.batch_size, True, self.device)
+        n_batches = self.steps_per_epoch * cfg.grad_accum - start_batch
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n_batches, desc=f"epoch {self.epoch + 1}", leave=False, mininterval=1.0,
+                       dynamic_ncols=True)
+        loss_sum, seen, t0 = 0.0, 0, time.time()
+        probe: list[tuple[int, float]] = []  # (step, time): a first time-limit plan before the epoch ends
+        for x, y in it:
+            if self.step >= self.total_steps:
+                break
+            x, target = self.augment(x, y, train=True, generator=self.gen)
+            with autocast_for(self.device, cfg.precision):
+                loss = self.criterion(model(x), target)
+            lv = float(loss.detach())
+            if self._agree(not math.isfinite(lv)):
+                self._diverged(lv)
+            self.scaler.scale(loss / cfg.grad_accum).backward()
+            self.batch_in_epoch += 1
+            if self.batch_in_epoch % cfg.grad_accum == 0:
+                lr = lr_at(self.step, self.total_steps, self.warmup_steps, cfg.lr, cfg.min_lr)
+                set_lr(self.optimizer, lr)
+                if cfg.clip_grad:
+                    self.scaler.unscale_(self.optimizer)
+                    nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.ema is not None:
+                    self.ema.update_parameters(self.model)
+                self.step += 1
+            loss_sum += lv * len(y)
+            seen += len(y)
+            if cfg.time_limit and self.epoch == 0 and len(probe) < 2 and self.step in (2, 12):
+                probe.append((self.step, time.time()))  # step 2 on: compile and warm-up are behind us
+                if len(probe) == 2:
+                    sps = (probe[1][1] - probe[0][1]) / (probe[1][0] - probe[0][0])
+                    img_per_s = cfg.batch_size * cfg.grad_accum * self.world / sps
+                    self._plan_time_limit(sps, len(self.data.val) / (3 * img_per_s))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                                img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
+            if self._agree(self.stop_requested):
+                self.stop_requested = True
+                break
+        if bar is not None:
+            bar.close()
+        return loss_sum / max(seen, 1), seen * self.world / max(time.time() - t0, 1e-6)
+
+    def evaluate(self) -> dict[str, Any]:
+        model = self.ema.module if self.ema is not None else self.model
+        return evaluate(model, self.data.val, self.augment, self.model.config.num_classes, self.device,
+                        self.cfg.eval_batch_size, self.cfg.precision if self.cfg.precision == "bf16" else "fp32",
+                        self.rank, self.world)
+
+    def fit(self) -> RunResult:
+        cfg = self.cfg
+        self._open_outputs()
+        if self.is_main:
+            self.log(self.data.describe())
+            self.log(f"model {cfg.model}: {self.model.num_params:,} parameters on {self.device}; "
+                     f"{self.steps_per_epoch} steps/epoch, global batch {cfg.batch_size * self.world * cfg.grad_accum}")
+        eval_s = 0.0
+        while self.step < self.total_steps and not self.stop_requested:
+            t0, step0 = time.time(), self.step
+            train_loss, img_s = self.train_epoch()
+            train_s = time.time() - t0
+            if self.stop_requested and self.batch_in_epoch % (self.steps_per_epoch * cfg.grad_accum):
+                break  # mid-epoch stop: save and leave; --resume continues from this batch
+            t1 = time.time()
+            metrics = self.evaluate()
+            eval_s = time.time() - t1
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self.last_top1 = metrics["top1"]
+            row = {"epoch": self.epoch, "step": self.step, "train_loss": round(train_loss, 5),
+                   "val_loss": round(metrics["loss"], 5), "val_top1": round(metrics["top1"], 3),
+                   "val_top5": round(metrics["top5"], 3), "lr": self.optimizer.param_groups[0]["lr"],
+                   "img_per_s": round(img_s, 1), "elapsed_s": round(self.elapsed(), 2)}
+            self._log_epoch(row)
+            if self.is_main:
+                self.log(f"epoch {self.epoch}: train_loss {train_loss:.4f} val_loss {metrics['loss']:.4f} "
+                         f"val_top1 {metrics['top1']:.2f}% ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
+            if metrics["top1"] > self.best_top1:
+                self.best_top1 = metrics["top1"]
+                self._save("best", with_state=False)
+            self._save("last")
+            if cfg.time_limit and self.step > step0:
+                self._plan_time_limit(train_s / (self.step - step0), eval_s)
+        if self.stop_requested:
+            self._save("last")
+            if self.is_main:
+                self.log(f"stopped at epoch {self.epoch} batch {self.batch_in_epoch}; last/ saved "
+                         f"(resume with --resume {self.out})" if self.out else "stopped")
+        if self.is_main and self.out:
+            if self.writer is not None:
+                self.writer.close()
+            from ..inspect.plots import plot_curves
+
+            plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+        return RunResult(self.last_top1, self.best_top1, self.epoch, self.step, self.elapsed(),
+                         self.stop_requested, self.out)
