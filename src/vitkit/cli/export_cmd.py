@@ -1,10 +1,49 @@
-"""Not built yet."""
+"""``vitkit export --checkpoint DIR --format {safetensors,onnx,timm,hf} --out PATH``."""
+from __future__ import annotations
+
 import argparse
+import json
+from pathlib import Path
+
+from .import_cmd import refuse_overwrite
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--checkpoint", required=True, help="a vitkit folder (or any weights vitkit import reads)")
+    p.add_argument("--format", required=True, choices=("safetensors", "onnx", "timm", "hf", "jax"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    p.add_argument("--atol", type=float, default=1e-4, help="ONNX: largest allowed difference to PyTorch")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    from safetensors.torch import save_file
+
+    from ..interop import load_any, to_hf, to_jax_npz, to_timm
+
+    out = Path(args.out)
+    try:
+        refuse_overwrite(out)
+    except FileExistsError as e:
+        raise ValueError(str(e)) from None
+    model = load_any(args.checkpoint).eval()
+    meta = {"vitkit_config": json.dumps(model.config.to_dict())}
+    if args.format == "safetensors":
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out), metadata=meta)
+    elif args.format == "timm":
+        save_file(to_timm(model), str(out), metadata=meta)
+    elif args.format == "jax":
+        to_jax_npz(model, out)
+    elif args.format == "hf":
+        sd, cfg = to_hf(model)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    elif args.format == "onnx":
+        from ..serving.onnx import export_onnx
+
+        diff = export_onnx(model, out, opset=args.opset, atol=args.atol)
+        print(f"onnxruntime max abs difference to PyTorch: {diff:.2e} (limit {args.atol:g})")
+    print(f"wrote {out}")
+    return 0

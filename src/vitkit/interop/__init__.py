@@ -1,12 +1,24 @@
-"""Weights in and out: timm, Hugging Face and the official JAX checkpoints."""
+"""Weights in and out: timm, Hugging Face and the official JAX checkpoints.
+
+Converters are pure functions from one state dict to another (``timm_to_vitkit``, ``hf_to_vitkit``,
+``jax_to_vitkit``, ``vitkit_to_hf``); ``from_*`` / ``to_*`` wrap them with config inference.
+"""
 from __future__ import annotations
 
 from typing import Any
 
-from ..model.hub import from_pretrained
 from ..model.vit import VisionTransformer
+from .hf import from_hf, hf_to_vitkit, to_hf, vitkit_to_hf
+from .jax import from_jax_npz, jax_to_vitkit, to_jax_npz
+from .load import detect_format, load_any, load_state_file
+from .timm import from_timm, timm_kwargs, timm_to_vitkit, to_timm
 
 
 def load_pretrained(src: str, **overrides: Any) -> VisionTransformer:
-    """A vitkit folder (other formats come through ``vitkit.interop.load_any``)."""
-    return from_pretrained(src, **overrides)
+    """Weights for fine-tuning (``vitkit train --init``): any supported format, adapted to ``overrides``."""
+    return load_any(src, **overrides)
+
+
+__all__ = ["from_timm", "to_timm", "from_hf", "to_hf", "from_jax_npz", "to_jax_npz", "load_any", "load_pretrained",
+           "detect_format", "load_state_file", "timm_to_vitkit", "hf_to_vitkit", "vitkit_to_hf", "jax_to_vitkit",
+           "timm_kwargs"]

@@ -91,23 +91,30 @@ ADAPTABLE = {"img_size", "num_classes", "drop_rate", "pos_drop_rate", "attn_drop
              "drop_path_rate"}
 
 
+def build_adapted(src: ViTConfig, state: dict[str, torch.Tensor], source: str,
+                  **overrides: Any) -> VisionTransformer:
+    """A model of ``src`` changed by ``overrides`` holding ``state`` (written for ``src``): the image size and class
+    count may change (resampled position embeddings, new zero head); other keys must stay as the weights say."""
+    dst = src.replace(**overrides)
+    for k in overrides:
+        if k not in ADAPTABLE and getattr(src, k) != getattr(dst, k):
+            raise ValueError(f"{source}: {k}={getattr(src, k)!r} in the weights cannot become {getattr(dst, k)!r}; "
+                             f"only {sorted(ADAPTABLE)} can change when loading")
+    model = VisionTransformer(dst)
+    load_state_dict_into(model, adapt_state_dict(state, src, dst), source)
+    return model
+
+
 def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> VisionTransformer:
     """Load a ``save_pretrained`` folder. ``img_size`` resamples the position embeddings (§3.2); a new
     ``num_classes`` starts a zero head. Other architecture overrides must match the stored config."""
     d = Path(directory)
     src, pre = read_config(d)
-    dst = src.replace(**overrides)
-    for k in overrides:
-        if k not in ADAPTABLE and getattr(src, k) != getattr(dst, k):
-            raise ValueError(f"{d / CONFIG_NAME}: {k}={getattr(src, k)!r} in the checkpoint cannot become "
-                             f"{getattr(dst, k)!r}; only {sorted(ADAPTABLE)} can change when loading")
     wpath = d / WEIGHTS_NAME
     if not wpath.is_file():
         raise FileNotFoundError(f"{wpath} not found")
-    state = adapt_state_dict(load_file(str(wpath)), src, dst)
-    model = VisionTransformer(dst)
-    load_state_dict_into(model, state, str(wpath))
-    if dst.num_classes != src.num_classes:
+    model = build_adapted(src, load_file(str(wpath)), str(wpath), **overrides)
+    if model.config.num_classes != src.num_classes:
         pre = {**pre, "class_names": None}
-    model.preprocessing = {**pre, "img_size": dst.to_dict()["img_size"]}
+    model.preprocessing = {**pre, "img_size": model.config.to_dict()["img_size"]}
     return model

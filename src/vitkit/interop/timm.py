@@ -1,0 +1,63 @@
+"""timm's ``VisionTransformer``: the same parameter names, so conversion is a checked identity."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..model.config import ViTConfig
+from ..model.vit import VisionTransformer
+from .infer import infer_config
+
+UNSUPPORTED = ("norm_pre.", ".ls1.", ".ls2.", ".q_norm.", ".k_norm.", "attn_pool.", "reg_token")
+
+
+def timm_config(model: Any) -> dict[str, Any]:
+    """What a live timm model knows but its weights do not say."""
+    known: dict[str, Any] = {"num_heads": model.blocks[0].attn.num_heads} if len(model.blocks) else {}
+    if getattr(model, "global_pool", "token") not in ("token", "avg", ""):
+        raise ValueError(f"timm global_pool={model.global_pool!r} is not supported (only 'token' and 'avg')")
+    if getattr(model, "global_pool", "token") == "avg" and getattr(model, "cls_token", None) is not None:
+        raise ValueError("a timm model with a class token but average pooling has no vitkit equivalent")
+    if getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is None:
+        raise ValueError("a timm model without a class token must use global_pool='avg'")
+    known["img_size"] = tuple(model.patch_embed.img_size)
+    known["layer_norm_eps"] = getattr(model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm,
+                                      "eps", 1e-6)
+    return known
+
+
+def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict") -> dict[str, torch.Tensor]:
+    """timm -> vitkit state dict (the names are the same; unsupported timm variants are refused by name)."""
+    bad = sorted(k for k in sd if any(u in k for u in UNSUPPORTED))
+    if bad:
+        raise ValueError(f"{source}: these timm variants are not the paper's ViT and are not supported: {bad[:5]}")
+    return {k: v for k, v in sd.items()}
+
+
+def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
+    """A vitkit model from a timm ``VisionTransformer`` or its state dict; config inferred from the weights."""
+    from .load import into_model
+
+    if isinstance(state_dict_or_model, torch.nn.Module):
+        known = {**timm_config(state_dict_or_model), **known}
+        sd = state_dict_or_model.state_dict()
+    else:
+        sd = dict(state_dict_or_model)
+    sd = timm_to_vitkit(sd)
+    return into_model(infer_config(sd, "timm weights", **known), sd, "timm weights")
+
+
+def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """The timm state dict of ``model`` (load it into ``timm.create_model(<same preset>, ...)``)."""
+    if model.config.hybrid:
+        raise ValueError("hybrid (torchvision ResNet stem) models have no timm equivalent")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def timm_kwargs(c: ViTConfig) -> dict[str, Any]:
+    """Keyword arguments that make ``timm.models.vision_transformer.VisionTransformer`` match ``c``."""
+    return dict(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
+                embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
+                qkv_bias=c.qkv_bias, class_token=c.pool == "cls", global_pool="token" if c.pool == "cls" else "avg",
+                fc_norm=c.fc_norm, no_embed_class=False, dynamic_img_size=False)
