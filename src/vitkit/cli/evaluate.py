@@ -1,10 +1,73 @@
-"""Not built yet."""
+"""``vitkit eval --checkpoint DIR``: top-1/top-5, loss, per-class accuracy and a confusion-matrix PNG."""
+from __future__ import annotations
+
 import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from .common import add_data_flags, load_data_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--checkpoint", required=True, help="a checkpoint folder (e.g. runs/NAME/best)")
+    add_data_flags(p)
+    p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
+    p.add_argument("--img-size", type=int, default=None, help="evaluate at another resolution (§3.2 resampling)")
+    p.add_argument("-b", "--batch-size", type=int, default=512)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16 weights (vitkit.optimize_for_inference) or exact fp32")
+    p.add_argument("--out", default=None, help="folder for eval.json and confusion.png (default CHECKPOINT/eval)")
+    p.add_argument("--device", default="auto")
+
+
+def _run_dataset_defaults(args: argparse.Namespace) -> None:
+    """A checkpoint inside a run folder knows its dataset: use it unless flags say otherwise."""
+    run_cfg = Path(args.checkpoint).resolve().parent / "config.yaml"
+    if not getattr(args, "dataset", None) and run_cfg.is_file():
+        saved = yaml.safe_load(run_cfg.read_text()) or {}
+        args.dataset = saved.get("dataset")
+        for k in ("data_dir", "cache_dir"):
+            if saved.get(k) and not getattr(args, k, None):
+                setattr(args, k, saved[k])
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    import torch
+
+    from ..data.preprocess import normalizer
+    from ..inspect.plots import plot_confusion
+    from ..interop import load_any
+    from ..speed import optimize_for_inference
+    from ..training.evaluate import evaluate
+    from ..training.trainer import resolve_device
+
+    _run_dataset_defaults(args)
+    model = load_any(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
+    pre = getattr(model, "preprocessing", None) or {}
+    data = load_data_from_args(args)
+    c = model.config
+    if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
+        raise ValueError(f"{args.checkpoint} has {c.num_classes} classes / {c.in_chans} channels but {data.name} has "
+                         f"{data.num_classes} / {data.in_chans}")
+    if "mean" not in pre:
+        pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
+    device = resolve_device(args.device)
+    fast = optimize_for_inference(model.to(device), torch.bfloat16 if args.precision == "bf16" else None)
+    split = data.val if args.split == "val" else data.train
+    m = evaluate(fast, split, normalizer(pre, c), c.num_classes, device, args.batch_size)
+    names = pre.get("class_names") or data.classes
+    print(f"{data.name} {args.split}: {m['n']} images")
+    print(f"top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  loss {m['loss']:.4f}")
+    width = max(len(n) for n in names)
+    for n, a in zip(names, m["per_class_acc"]):
+        print(f"  {n:<{width}}  {a:6.2f}%")
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps({"dataset": data.name, "split": args.split, "classes": names, **m},
+                                              indent=1))
+    plot_confusion(m["confusion"], names, out / "confusion.png",
+                   f"{data.name} {args.split}: top-1 {m['top1']:.2f}%")
+    print(f"wrote {out / 'eval.json'} and {out / 'confusion.png'}")
+    return 0

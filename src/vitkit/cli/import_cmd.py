@@ -21,7 +21,6 @@ def refuse_overwrite(path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..interop import load_any
-    from ..model.hub import DEFAULT_PREPROCESSING
 
     out = Path(args.out)
     try:
@@ -40,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
                            **overrides)
     else:
         model = load_any(args.src, fmt, **overrides)
-    pre = dict(DEFAULT_PREPROCESSING)
-    model.save_pretrained(out, **{**pre, **getattr(model, "preprocessing", {})})
+    model.save_pretrained(out)  # carries the source's preprocessing when it had one
     print(f"wrote {out}: {model.config.to_dict()}")
     return 0

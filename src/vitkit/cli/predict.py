@@ -1,10 +1,50 @@
-"""Not built yet."""
+"""``vitkit predict --checkpoint DIR IMAGE... --topk 5 [--json]``."""
+from __future__ import annotations
+
 import argparse
+import json
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...)")
+    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--device", default="auto")
+
+
+def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Top-k per image file: EXIF orientation applied, transparency on white, channels and size as the model wants."""
+    import torch
+
+    from ..data.preprocess import images_to_tensor, load_images
+
+    device = next(model.parameters()).device
+    x = images_to_tensor(load_images(paths), preprocessing, model.config).to(device)
+    probs = torch.softmax(model(x).float(), dim=-1)
+    names = preprocessing.get("class_names") or [str(i) for i in range(probs.shape[1])]
+    k = min(topk, probs.shape[1])
+    top = probs.topk(k, dim=-1)
+    return [{"image": p, "top": [{"class": names[int(i)], "index": int(i), "prob": float(v)}
+                                 for v, i in zip(top.values[j], top.indices[j])]} for j, p in enumerate(paths)]
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    from ..interop import load_any
+    from ..data.preprocess import preprocessing_of
+    from ..speed import optimize_for_inference
+    from ..training.trainer import resolve_device
+
+    model = load_any(args.checkpoint).to(resolve_device(args.device))
+    pre = preprocessing_of(model)
+    fast = optimize_for_inference(model)
+    results = predict(fast, pre, args.images, args.topk)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for r in results:
+            print(r["image"])
+            for t in r["top"]:
+                print(f"  {t['prob'] * 100:6.2f}%  {t['class']}")
+    return 0
+

@@ -1,10 +1,59 @@
-"""Not built yet."""
+"""``vitkit serve --checkpoint DIR [--host 127.0.0.1] [--port 7860]``: the browser demo."""
+from __future__ import annotations
+
 import argparse
+
+from .common import add_data_flags
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--max-upload-mb", type=float, default=10.0)
+    p.add_argument("--max-pixels", type=int, default=40_000_000)
+    p.add_argument("--num-examples", type=int, default=8, help="example images offered from the dataset")
+    add_data_flags(p)
+
+
+def _examples(args: argparse.Namespace, names: list[str], n: int):  # type: ignore[no-untyped-def]
+    """The first validation image of each of the first ``n`` classes of the run's dataset (none if unavailable)."""
+    import numpy as np
+    from PIL import Image
+
+    from .common import load_data_from_args
+    from .evaluate import _run_dataset_defaults
+
+    if n <= 0:
+        return []
+    _run_dataset_defaults(args)
+    if not getattr(args, "dataset", None):
+        return []
+    try:
+        data = load_data_from_args(args)
+    except (OSError, ValueError) as e:
+        print(f"no example images: {e}")
+        return []
+    out = []
+    for c in range(min(n, data.num_classes)):
+        idx = (data.val.labels == c).nonzero()
+        if len(idx):
+            a = data.val.images[int(idx[0])].numpy()
+            im = Image.fromarray(a[0] if a.shape[0] == 1 else np.transpose(a, (1, 2, 0)))
+            out.append((names[c] if c < len(names) else str(c), im))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    from ..interop import load_any
+    from ..data.preprocess import preprocessing_of
+    from ..serving.app import serve
+    from ..serving.predictor import Limits, Predictor
+
+    model = load_any(args.checkpoint)
+    pre = preprocessing_of(model)
+    predictor = Predictor(model, pre, Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels))
+    examples = _examples(args, predictor.names, args.num_examples)
+    print(f"vitkit demo on http://{args.host}:{args.port}  ({len(examples)} example images)", flush=True)
+    serve(predictor, args.host, args.port, examples)
+    return 0

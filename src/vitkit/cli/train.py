@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
-    trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty())
+    trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
+                      log=lambda s: print(s, flush=True))
     received: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -47,3 +47,103 @@ def plot_confusion(confusion: list[list[int]], classes: list[str], out: Path, ti
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def _image_for_display(image: np.ndarray) -> np.ndarray:
+    """(C, H, W) float or uint8 -> (H, W[, 3]) in [0, 1]."""
+    img = np.asarray(image, dtype=np.float64)
+    img = (img - img.min()) / max(img.max() - img.min(), 1e-8)
+    return img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
+
+
+def _upsample(grid_map: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    t = torch.as_tensor(grid_map, dtype=torch.float32)[None, None]
+    return F.interpolate(t, size=hw, mode="bilinear", align_corners=False)[0, 0].numpy()
+
+
+def plot_overlay(image: np.ndarray, heat: np.ndarray, out: Path, title: str) -> None:
+    """The image beside it with ``heat`` (a patch-grid map) laid over it: the paper's Fig. 6 style."""
+    img = _image_for_display(image)
+    h = _upsample(heat, img.shape[:2])
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4))
+    axes[0].imshow(img, cmap="gray" if img.ndim == 2 else None)
+    axes[0].set_title("input"), axes[0].axis("off")
+    axes[1].imshow(img, cmap="gray" if img.ndim == 2 else None)
+    im = axes[1].imshow(h, cmap="jet", alpha=0.5)
+    axes[1].set_title(title), axes[1].axis("off")
+    fig.colorbar(im, ax=axes[1], fraction=0.046, label="attention share")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_attention_heads(image: np.ndarray, maps: np.ndarray, out: Path, layer: int) -> None:
+    """Each head's attention from the output token to the patches, one panel per head, over the image."""
+    img = _image_for_display(image)
+    heads = maps.shape[0]
+    cols = min(heads, 6)
+    rows = int(np.ceil(heads / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.4 * rows + 0.6), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < heads:
+            ax.imshow(img, cmap="gray" if img.ndim == 2 else None)
+            im = ax.imshow(_upsample(maps[i], img.shape[:2]), cmap="jet", alpha=0.5)
+            ax.set_title(f"head {i}", fontsize=9)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="attention")
+    fig.suptitle(f"Layer {layer}: attention of the output token to each patch")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_attention_distance(dist: np.ndarray, out: Path, title: str = "Mean attention distance") -> None:
+    """Paper Fig. 7 (right): one dot per head, network depth on x."""
+    layers, heads = dist.shape
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for h in range(heads):
+        ax.scatter(np.arange(1, layers + 1), dist[:, h], s=18, label=f"head {h}")
+    ax.set_xlabel("network depth (layer)"), ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_title(title), ax.grid(alpha=0.3)
+    ax.set_xticks(range(1, layers + 1))
+    if heads <= 16:
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_pos_embed_similarity(sim: np.ndarray, out: Path) -> None:
+    """Paper Fig. 7 (centre): for each patch (row, col) a small grid of its similarity to all patches."""
+    gh, gw = sim.shape[:2]
+    fig, axes = plt.subplots(gh, gw, figsize=(min(1.0 * gw, 12) + 1, min(1.0 * gh, 12) + 0.5), squeeze=False)
+    for r in range(gh):
+        for c in range(gw):
+            im = axes[r, c].imshow(sim[r, c], vmin=-1, vmax=1, cmap="viridis")
+            axes[r, c].set_xticks([]), axes[r, c].set_yticks([])
+            if c == 0:
+                axes[r, c].set_ylabel(str(r + 1), fontsize=7)
+            if r == gh - 1:
+                axes[r, c].set_xlabel(str(c + 1), fontsize=7)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="cosine similarity")
+    fig.suptitle("Position embedding similarity (input patch row / column)")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_filters(components: np.ndarray, variance: np.ndarray, out: Path) -> None:
+    """Paper Fig. 7 (left): the principal components of the patch-embedding filters as tiles."""
+    n = len(components)
+    cols = min(n, 7)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(1.4 * cols, 1.5 * rows + 0.6), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < n:
+            ax.imshow(_image_for_display(components[i]), cmap="gray" if components.shape[1] == 1 else None)
+            ax.set_title(f"{100 * variance[i]:.1f}%", fontsize=7)
+    fig.suptitle("Principal components of the patch-embedding filters (% variance)")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -39,8 +39,9 @@ def save_pretrained(model: VisionTransformer, directory: str | os.PathLike, **pr
     d.mkdir(parents=True, exist_ok=True)
     pre = {**DEFAULT_PREPROCESSING, **getattr(model, "preprocessing", {}), **preprocessing}
     pre["img_size"] = model.config.to_dict()["img_size"]
-    if len(pre["mean"]) != model.config.in_chans:
-        pre["mean"], pre["std"] = pre["mean"][:1] * model.config.in_chans, pre["std"][:1] * model.config.in_chans
+    chans = model.config.in_chans
+    if len(pre["mean"]) != chans:  # defaults are 3-channel
+        pre["mean"], pre["std"] = pre["mean"][:1] * chans, pre["std"][:1] * chans
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(d / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     meta = {"model": model.config.to_dict(), "preprocessing": pre, "library": "vitkit"}

@@ -18,9 +18,10 @@ from torch.utils.data import DistributedSampler
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits, load_dataset
 from ..model.config import to_2tuple
-from ..model.hub import from_pretrained
+from ..model.hub import load_state_dict_into
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
+from ..speed import configure_for_training
 from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluate import autocast_for, evaluate
@@ -104,6 +105,7 @@ class Trainer:
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        configure_for_training(self.model, self.device, cfg.precision)
         self.train_model: nn.Module = self.model
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -140,7 +142,7 @@ class Trainer:
         if ckpt is None:
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         s = load_train_state(ckpt)
-        self.model.load_state_dict(s["model"])
+        load_state_dict_into(self.model, s["model"], str(ckpt / "train_state.pt"))
         if self.ema is not None and s["ema"] is not None:
             self.ema.load_state_dict(s["ema"])
         self.optimizer.load_state_dict(s["optimizer"])
@@ -202,7 +204,11 @@ class Trainer:
         remaining = budget - self.elapsed()
         epochs_left = max(1, math.ceil((self.total_steps - self.step) / self.steps_per_epoch))
         affordable = int((remaining - eval_s * (epochs_left + 1)) / max(sec_per_step, 1e-6))
-        self.total_steps = max(self.step + 1, min(self.cfg.epochs * self.steps_per_epoch, self.step + affordable))
+        planned = self.cfg.epochs * self.steps_per_epoch
+        self.total_steps = max(self.step, min(planned, self.step + affordable))
+        # keep the recipe's shape: warmup shrinks with the schedule
+        self.warmup_steps = min(self.warmup_steps, int(self.cfg.warmup_epochs * self.steps_per_epoch
+                                                       * self.total_steps / planned))
 
     def _agree(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any (stop requests and NaN must stop all ranks together)."""

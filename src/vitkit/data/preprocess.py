@@ -1,0 +1,43 @@
+"""Images from files -> the normalised tensors a checkpoint expects (predict, serve, inspect)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..model.config import to_2tuple
+from .augment import BatchAugment
+from .images import open_image, to_array
+
+
+def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
+    """The evaluation half of the training augmentation: resize to the model's size and standardise."""
+    return BatchAugment(preprocessing["mean"], preprocessing["std"], to_2tuple(config.img_size), config.num_classes)
+
+
+def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any) -> torch.Tensor:
+    size = to_2tuple(config.img_size)
+    arrays = np.stack([to_array(im, config.in_chans, size) for im in images])
+    return normalizer(preprocessing, config).normalize(torch.from_numpy(arrays))
+
+
+def load_images(paths: list[str], max_pixels: int | None = None) -> list[Image.Image]:
+    out = []
+    for p in paths:
+        with open(p, "rb") as f:
+            out.append(open_image(f.read(), p, max_pixels))
+    return out
+
+
+def preprocessing_of(model: Any) -> dict[str, Any]:
+    """A loaded model's preprocessing (mean, std, class names), with defaults and the mean/std fitted to its
+    channel count (weights imported from elsewhere carry 3-channel defaults)."""
+    from ..model.hub import DEFAULT_PREPROCESSING
+
+    pre = {**DEFAULT_PREPROCESSING, **(getattr(model, "preprocessing", None) or {})}
+    chans = model.config.in_chans
+    if len(pre["mean"]) != chans:
+        pre["mean"], pre["std"] = pre["mean"][:1] * chans, pre["std"][:1] * chans
+    return pre

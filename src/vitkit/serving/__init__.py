@@ -1,0 +1,1 @@
+"""Shipping a model: ONNX export checked by onnxruntime, and the browser demo."""

@@ -1,0 +1,90 @@
+"""The browser demo: FastAPI serving one self-contained page (no CDN, works offline) and a JSON API.
+
+Why FastAPI over Gradio: the page must work with no internet (Gradio pulls fonts and assets from CDNs), the
+dependency is a fraction of the size, and upload limits sit in our code where they can be tested.
+"""
+from __future__ import annotations
+
+import io
+from importlib import resources
+from typing import Any
+
+from PIL import Image
+
+from .predictor import Limits, Predictor, UploadError
+
+
+def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | None = None):  # type: ignore
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+    app = FastAPI(title="vitkit demo", docs_url=None, redoc_url=None)
+    pngs: list[tuple[str, bytes]] = []
+    for label, im in examples or []:
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        pngs.append((label, buf.getvalue()))
+    page = (resources.files("vitkit.serving") / "page.html").read_text()
+
+    def error(message: str, status: int) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return page
+
+    @app.get("/api/info")
+    def info() -> dict[str, Any]:
+        c = predictor.model.config
+        return {"classes": predictor.names, "img_size": c.to_dict()["img_size"], "in_chans": c.in_chans,
+                "max_bytes": predictor.limits.max_bytes, "max_pixels": predictor.limits.max_pixels,
+                "examples": [{"label": label, "url": f"/api/examples/{i}.png"} for i, (label, _) in enumerate(pngs)]}
+
+    @app.get("/api/examples/{i}.png")
+    def example(i: int) -> Response:
+        if not 0 <= i < len(pngs):
+            return error(f"no example {i}", 404)
+        return Response(pngs[i][1], media_type="image/png")
+
+    @app.post("/api/predict")
+    async def predict(request: Request) -> JSONResponse:
+        # read the body ourselves, stopping at the limit: the client's filename is never looked at
+        length = int(request.headers.get("content-length") or 0)
+        limit = predictor.limits.max_bytes
+        if length > limit + 64 * 1024:
+            return error(f"upload is {length / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB", 413)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit + 64 * 1024:
+                return error(f"upload is larger than the limit of {limit / 1e6:.0f} MB", 413)
+        data = _file_part(bytes(body), request.headers.get("content-type", ""))
+        try:
+            return JSONResponse(predictor(data))
+        except UploadError as e:
+            return error(str(e), e.status)
+
+    return app
+
+
+def _file_part(body: bytes, content_type: str) -> bytes:
+    """The bytes of the first file field of a multipart body (or the raw body for other content types)."""
+    if not content_type.startswith("multipart/form-data"):
+        return body
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+    for part in msg.iter_parts():
+        if part.get_param("name", header="content-disposition") == "file":
+            return part.get_payload(decode=True) or b""
+    return b""
+
+
+def serve(predictor: Predictor, host: str, port: int, examples=None) -> None:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    uvicorn.run(create_app(predictor, examples), host=host, port=port, log_level="warning")
+
+
+__all__ = ["create_app", "serve", "Limits", "Predictor"]

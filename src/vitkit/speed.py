@@ -1,0 +1,81 @@
+"""Every speed trick in one place, chosen from measurements on the device at hand (see README, Speed).
+
+Measured on this project's 2-core AVX-512/AMX CPU (benchmarks/train_throughput.py, vitkit bench):
+- PyTorch's fused CPU attention (SDPA flash kernel) is slow in bf16, backward above all: 60% of a bf16 training
+  step for a 28 px / patch 4 / width 128 ViT. The exact path (two bf16 matmuls on AMX and a softmax) is 2.3x
+  faster for the whole step, so on CPU with bf16 we train with the exact path.
+- bf16 weights (not autocast) for inference avoid re-casting every weight on every call.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from .model.vit import Attention
+
+
+def set_fused_attention(model: nn.Module, fused: bool) -> None:
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.fused_attn = fused
+
+
+def fused_attention_pays(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether F.scaled_dot_product_attention beats the exact path here (measured: not for bf16 on CPU)."""
+    return not (device.type == "cpu" and dtype == torch.bfloat16)
+
+
+def configure_for_training(model: nn.Module, device: torch.device, precision: str) -> None:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    set_fused_attention(model, fused_attention_pays(device, dtype))
+
+
+def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
+                           compile: bool = False) -> nn.Module:
+    """A copy of ``model`` in eval mode for the fastest inference on its device: weights cast to ``dtype``
+    (bf16 by default; None keeps fp32), the attention path that is faster there, and optionally torch.compile.
+    Inputs may be fp32: they are cast on entry."""
+    device = next(model.parameters()).device
+    if dtype == torch.bfloat16 and device.type == "cpu" and not _cpu_has_fast_bf16():
+        dtype = None
+    m = copy.deepcopy(model).eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    if dtype is not None:
+        m = m.to(dtype)
+    set_fused_attention(m, fused_attention_pays(device, dtype))
+    wrapped: nn.Module = _CastInput(m, dtype)
+    if compile:
+        wrapped = torch.compile(wrapped)
+    return wrapped
+
+
+class _CastInput(nn.Module):
+    """Casts inputs to the weights' dtype and logits back to fp32; forwards the ViT's other methods."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def _cast(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype) if self.dtype is not None else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.model(self._cast(x)).float()
+
+    def forward_attention(self, x: torch.Tensor):  # type: ignore[no-untyped-def]
+        with torch.inference_mode():
+            logits, attns = self.model.forward_attention(self._cast(x))
+            return logits.float(), [a.float() for a in attns]
+
+    @property
+    def config(self):  # type: ignore[no-untyped-def]
+        return self.model.config
+
+
+def _cpu_has_fast_bf16() -> bool:
+    caps = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
+    return "AVX512" in caps.upper() or "AMX" in caps.upper()

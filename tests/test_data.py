@@ -1,0 +1,173 @@
+"""Every dataset loader on local files, and the batch augmentation."""
+import gzip
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.augment import BatchAugment, random_crop
+from vitkit.data.datasets import (FASHION_MNIST_SYSTEM_DIR, load_dataset, load_folder_splits, load_idx_splits,
+                                  read_idx)
+from vitkit.data.images import BadImageError, open_image, to_array
+from vitkit.training.recipes import choose_recipe
+
+from helpers import cifar_slice, digits_arrays, write_digits_folder, write_idx
+
+
+def test_digits_is_the_real_sklearn_set_with_a_fixed_split():
+    d = load_dataset("digits")
+    assert (len(d.train), len(d.val), d.in_chans, d.img_size, d.num_classes) == (1437, 360, 1, (8, 8), 10)
+    assert d.train.images.dtype == torch.uint8 and int(d.train.images.max()) == 255
+    assert torch.equal(load_dataset("digits").val.labels, d.val.labels)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_files_plain_and_gzipped(tmp_path, gz):
+    x, y = digits_arrays()
+    x28 = np.stack([np.asarray(Image.fromarray(a).resize((28, 28))) for a in x[:60]])
+    write_idx(tmp_path, "train", x28[:50], y[:50], gz)
+    write_idx(tmp_path, "t10k", x28[50:], y[50:], gz)
+    d = load_idx_splits("mnist", str(tmp_path), download=False)
+    assert d.train.images.shape == (50, 1, 28, 28) and d.val.images.shape == (10, 1, 28, 28)
+    assert torch.equal(d.train.images[3, 0], torch.from_numpy(x28[3]))
+    assert d.train.labels.tolist() == y[:50].tolist()
+
+
+def test_truncated_idx_names_the_file(tmp_path):
+    write_idx(tmp_path, "train", np.zeros((4, 28, 28)), np.zeros(4), gz=False)
+    p = tmp_path / "train-images-idx3-ubyte"
+    p.write_bytes(p.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte: IDX header says"):
+        read_idx(p)
+
+
+@pytest.mark.skipif(not Path(FASHION_MNIST_SYSTEM_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+def test_fashion_mnist_from_the_debian_package():
+    d = load_dataset("fashion-mnist")
+    assert (len(d.train), len(d.val), d.img_size, d.classes[9]) == (60000, 10000, (28, 28), "Ankle boot")
+
+
+def test_cifar10_in_torchvision_format(tmp_path, monkeypatch):
+    import pickle
+
+    import torchvision
+
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}", 4) for i in range(1, 6)] + [("test_batch", 6)]:
+        with open(root / name, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), "labels": list(range(n))}, f)
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    # the files are ours, so torchvision's md5 check of the official archive does not apply
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "_check_integrity", lambda self: True)
+    d = load_dataset("cifar10", str(tmp_path))
+    assert d.train.images.shape == (20, 3, 32, 32) and d.val.images.shape == (6, 3, 32, 32)
+    assert d.classes[0] == "c0"
+
+
+def test_cifar_missing_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--download"):
+        load_dataset("cifar10", str(tmp_path))
+
+
+def test_folder_of_grayscale_pngs_and_its_zip(tmp_path):
+    root = write_digits_folder(tmp_path / "digits", per_class=5, size=16, val_split="test")
+    d = load_folder_splits(str(root), cache_dir=str(tmp_path / "cache"))
+    assert (len(d.train), len(d.val), d.in_chans, d.img_size, d.classes[:3]) == (50, 50, 1, (16, 16), ["0", "1", "2"])
+    assert choose_recipe(d) == "digits"
+    z = tmp_path / "digits.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for p in sorted(root.rglob("*.png")):
+            zf.write(p, Path("wrapped") / p.relative_to(root))
+    dz = load_folder_splits(str(z), cache_dir=str(tmp_path / "cache"))
+    assert torch.equal(dz.train.images, d.train.images) and torch.equal(dz.val.labels, d.val.labels)
+    # second load comes from the cache and is identical
+    again = load_folder_splits(str(z), cache_dir=str(tmp_path / "cache"))
+    assert torch.equal(again.train.images, dz.train.images)
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+
+
+def test_real_cifar10_jpeg_zip_slice(tmp_path):
+    z = cifar_slice(tmp_path, per_class=3)
+    if z is None:
+        pytest.skip("shared CIFAR-10 zip not present")
+    d = load_folder_splits(str(z))
+    assert (len(d.train), len(d.val), d.in_chans, d.img_size) == (30, 30, 3, (32, 32))
+    assert d.classes == sorted(["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                                "truck"])
+    assert choose_recipe(d) == "cifar10"
+
+
+def test_corrupt_image_is_named_or_skipped(tmp_path):
+    root = write_digits_folder(tmp_path / "f", per_class=3)
+    bad = root / "train" / "3" / "broken.png"
+    bad.write_bytes((root / "train" / "3").glob("*.png").__next__().read_bytes()[:40])
+    with pytest.raises(BadImageError, match="broken.png"):
+        load_folder_splits(str(root))
+    d = load_folder_splits(str(root), skip_bad_images=True)
+    assert d.skipped == 1 and len(d.train) == 30
+
+
+def test_empty_class_and_mismatched_classes(tmp_path):
+    root = write_digits_folder(tmp_path / "f", per_class=2)
+    (root / "train" / "empty").mkdir()
+    with pytest.raises(ValueError, match="train/empty has no images"):
+        load_folder_splits(str(root))
+    (root / "train" / "empty").rmdir()
+    for p in (root / "val" / "7").iterdir():
+        p.unlink()
+    (root / "val" / "7").rmdir()
+    with pytest.raises(ValueError, match=r"classes differ between train/ and val/: only in train \['7'\]"):
+        load_folder_splits(str(root))
+
+
+def test_folder_without_splits_says_what_it_expects(tmp_path):
+    (tmp_path / "x" / "cats").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="expected .*/train/<class>/<image>"):
+        load_folder_splits(str(tmp_path / "x"))
+
+
+def test_fake_data_loader():
+    d = load_dataset("fake")
+    assert d.train.images.shape[1:] == (3, 16, 16) and d.num_classes == 4
+
+
+def test_image_decoding_exif_alpha_and_channels(tmp_path):
+    im = Image.new("RGBA", (4, 2), (255, 0, 0, 0))  # fully transparent red -> white
+    a = to_array(im, 3)
+    assert a.shape == (3, 2, 4) and (a == 255).all()
+    rgb = Image.new("RGB", (6, 3), (10, 20, 30))
+    exif = rgb.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    p = tmp_path / "r.jpg"
+    rgb.save(p, exif=exif)
+    loaded = open_image(p.read_bytes(), str(p))
+    assert loaded.size == (3, 6)
+    assert to_array(loaded, 1).shape == (1, 6, 3)
+    with pytest.raises(BadImageError, match="pixels is more than the limit"):
+        open_image(p.read_bytes(), "big.jpg", max_pixels=10)
+
+
+def test_random_crop_is_a_shifted_window_of_the_padded_image():
+    x = torch.arange(2 * 1 * 5 * 5, dtype=torch.uint8).reshape(2, 1, 5, 5)
+    g = torch.Generator().manual_seed(0)
+    out = random_crop(x, 2, g)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for b in range(2):
+        assert any(torch.equal(out[b], padded[b, :, i:i + 5, j:j + 5]) for i in range(5) for j in range(5))
+
+
+def test_batch_augment_normalises_and_mixes():
+    aug = BatchAugment([0.5], [0.25], (8, 8), 10, crop_padding=1, hflip=True, aa="trivial", mixup=0.8, cutmix=1.0)
+    x = torch.full((16, 1, 8, 8), 128, dtype=torch.uint8)
+    y = torch.arange(16) % 10
+    xe, ye = aug(x, y, train=False)
+    torch.testing.assert_close(xe, torch.full((16, 1, 8, 8), (128 / 255 - 0.5) / 0.25))
+    xt, yt = aug(x, y, train=True)
+    assert xt.shape == (16, 1, 8, 8) and yt.shape == (16, 10)
+    torch.testing.assert_close(yt.sum(1), torch.ones(16))

@@ -1,0 +1,164 @@
+"""ONNX against onnxruntime; the demo's API and hostile uploads; a real browser against `vitkit serve`."""
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zlib
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.serving.predictor import Limits, Predictor
+
+from conftest import tiny_config
+from helpers import digits_arrays
+
+
+@pytest.mark.parametrize("pool", ["cls", "gap"])
+def test_onnx_export_matches_onnxruntime(tmp_path, pool):
+    pytest.importorskip("onnxruntime")
+    from vitkit.cli.main import main
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=10, pool=pool, depth=3)
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+    model.save_pretrained(tmp_path / "m")
+    assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "onnx",
+                 "--out", str(tmp_path / "m.onnx")]) == 0
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):  # the batch axis is dynamic
+        x = torch.randn(batch, 3, 32, 32)
+        got = sess.run(None, {"pixel_values": x.numpy()})[0]
+        with torch.no_grad():
+            assert np.abs(got - model.eval()(x).numpy()).max() <= 1e-4
+
+
+def _png(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def decompression_bomb(side: int = 30000) -> bytes:
+    """A valid grayscale PNG of side x side black pixels: tiny on disk, 900 megapixels when decoded."""
+    raw = zlib.compress(b"".join(b"\x00" + bytes(side) for _ in range(side)), 9)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", raw) + chunk(b"IEND", b""))
+
+
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
+    return decompression_bomb()
+
+
+def _client(limits=Limits()):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from vitkit.serving.app import create_app
+
+    model = vitkit.VisionTransformer(tiny_config(num_classes=10, in_chans=1, img_size=8, patch_size=2))
+    pre = {"mean": [0.5], "std": [0.25], "class_names": [f"digit {i}" for i in range(10)]}
+    ex = [("digit 0", Image.fromarray(digits_arrays()[0][0]))]
+    return TestClient(create_app(Predictor(model, pre, limits), ex))
+
+
+def test_api_predicts_top5_with_overlay_and_rejects_hostile_uploads(bomb):
+    c = _client(Limits(max_bytes=200_000, max_pixels=1_000_000))
+    img = Image.fromarray(digits_arrays()[0][3]).resize((64, 64))
+    r = c.post("/api/predict", files={"file": ("../../etc/passwd", _png(img), "image/png")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["top"]) == 5 and body["overlay"].startswith("data:image/png;base64,")
+    assert abs(sum(t["prob"] for t in body["top"]) - 1) < 0.5
+    r = c.post("/api/predict", files={"file": ("bomb.png", bomb, "image/png")})
+    assert r.status_code == 400 and "pixels is more than the limit" in r.json()["error"]
+    r = c.post("/api/predict", files={"file": ("x.png", b"hello, not an image", "image/png")})
+    assert r.status_code == 400 and "not an image" in r.json()["error"]
+    r = c.post("/api/predict", files={"file": ("big.png", os.urandom(300_000), "image/png")})
+    assert r.status_code == 413
+    tiff = io.BytesIO()
+    img.save(tiff, format="TIFF")
+    r = c.post("/api/predict", files={"file": ("x.tif", tiff.getvalue(), "image/tiff")})
+    assert r.status_code == 400 and "TIFF images are not accepted" in r.json()["error"]
+    gif = io.BytesIO()
+    img.convert("P").save(gif, format="GIF", save_all=True, append_images=[img.convert("P").rotate(90)])
+    assert c.post("/api/predict", files={"file": ("a.gif", gif.getvalue(), "image/gif")}).status_code == 200
+    assert c.get("/api/info").json()["examples"][0]["label"] == "digit 0"
+    assert c.get("/api/examples/0.png").content.startswith(b"\x89PNG")
+    assert "<title>vitkit" in c.get("/").text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (.ci/run installs it)")
+def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from vitkit.cli.main import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--epochs", "15", "--output", str(run)]) == 0
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", "--checkpoint", str(run / "best"),
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.3)
+        x, y = digits_arrays()
+        digit = tmp_path / "seven.png"
+        Image.fromarray(x[y == 7][-1]).resize((96, 96), Image.NEAREST).save(digit)
+        (tmp_path / "bomb.png").write_bytes(bomb)
+        (tmp_path / "notes.txt").write_text("not an image")
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_selector("#examples img")  # example images from the run's dataset
+            page.set_input_files("#file", str(digit))
+            page.wait_for_selector("#top .label")
+            labels = page.locator("#top .label").all_inner_texts()
+            assert len(labels) == 5 and labels[0] == "7"
+            src = page.get_attribute("#overlay", "src")
+            assert src.startswith("data:image/png;base64,") and len(src) > 1000
+            page.set_input_files("#file", str(tmp_path / "bomb.png"))
+            page.wait_for_selector("#error:visible")
+            assert "pixels is more than the limit" in page.inner_text("#error")
+            page.set_input_files("#file", str(tmp_path / "notes.txt"))
+            page.wait_for_function("document.querySelector('#error').textContent.includes('not an image')")
+            page.locator("#examples img").first.click()  # the server is still up and answering
+            page.wait_for_function("document.querySelector('#error').style.display === 'none'")
+            page.wait_for_selector("#top .label")
+            browser.close()
+        assert server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(timeout=20)

@@ -1,0 +1,196 @@
+"""Training end to end: run folder, exact resume, atomic checkpoints, divergence, time limit, CLI."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.training.checkpoint import recover_checkpoint, save_checkpoint
+from vitkit.training.config import TrainConfig
+from vitkit.training.trainer import Trainer, TrainingDiverged
+from vitkit.cli.main import main
+
+from helpers import cifar_slice, write_digits_folder
+
+FAST = dict(dataset="digits", epochs=3, batch_size=64, lr=1e-3, warmup_epochs=1)
+
+
+def _cfg(**kw):
+    return TrainConfig(**{**FAST, **kw})
+
+
+def _quiet(*a):
+    pass
+
+
+def test_train_eval_predict_on_digits_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "3", "--output", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("final: val_top1=") and "epochs=3" in lines[-1]
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert set(rows[0]) >= {"epoch", "step", "train_loss", "val_loss", "val_top1", "lr", "img_per_s", "elapsed_s"}
+    assert rows[-1]["val_top1"] > 50  # three epochs on real digits are far above chance (10%)
+    for f in ("config.yaml", "curves.png", "last/config.json", "last/model.safetensors", "last/train_state.pt",
+              "best/model.safetensors"):
+        assert (out / f).is_file(), f
+    assert list((out / "tb").glob("events.out.tfevents*"))
+    # eval reads the run's dataset from the run folder
+    assert main(["eval", "--checkpoint", str(out / "best")]) == 0
+    ev = json.loads((out / "best" / "eval" / "eval.json").read_text())
+    assert ev["n"] == 360 and abs(ev["top1"] - max(r["val_top1"] for r in rows)) < 0.01
+    assert (out / "best" / "eval" / "confusion.png").is_file()
+    # predict on real digit images written as PNG files
+    folder = write_digits_folder(tmp_path / "imgs", per_class=1, size=32, mode="RGB")
+    imgs = sorted(str(p) for p in (folder / "val").rglob("*.png"))[:3]
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(out / "best"), *imgs, "--topk", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res) == 3 and len(res[0]["top"]) == 3
+    assert abs(sum(t["prob"] for t in res[0]["top"])) <= 1.0 + 1e-6
+    assert res[0]["top"][0]["prob"] >= res[0]["top"][1]["prob"]
+
+
+def test_output_folder_of_another_run_is_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--output", str(out)]) == 0
+    before = (out / "metrics.jsonl").read_text()
+    assert main(["train", "--epochs", "1", "--output", str(out)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_folder_dataset_end_to_end_chooses_a_recipe(tmp_path, capsys):
+    z = cifar_slice(tmp_path, per_class=8)
+    root = str(z) if z else str(write_digits_folder(tmp_path / "f", per_class=8, size=32, mode="RGB"))
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "folder", "--data-dir", root, "--epochs", "1", "-b", "16",
+                 "--cache-dir", str(tmp_path / "c"), "--output", str(out), "--depth", "2", "--embed-dim", "64",
+                 "--num-heads", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "recipe for this folder: configs/cifar10.yaml" in text
+    assert main(["eval", "--checkpoint", str(out / "last")]) == 0
+
+
+def _weights(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("stop_at", [5, 22])  # mid-epoch, and just after an epoch boundary (22 steps/epoch)
+def test_resume_is_exact(tmp_path, stop_at):
+    kw = dict(epochs=4, model_ema=True, smoothing=0.1, crop_padding=1, mixup=0.2,
+              model_args={"drop_path_rate": 0.1})
+    ref = Trainer(_cfg(**kw, output=str(tmp_path / "a")), log=_quiet, progress=False)
+    ref.fit()
+    t1 = Trainer(_cfg(**kw, output=str(tmp_path / "b")), log=_quiet, progress=False)
+    step = t1.optimizer.step
+    calls = []
+
+    def counting_step(*a, **k):
+        calls.append(1)
+        out = step(*a, **k)
+        if len(calls) == stop_at:
+            t1.request_stop()
+        return out
+
+    t1.optimizer.step = counting_step
+    r1 = t1.fit()
+    assert r1.stopped_early and r1.steps == stop_at
+    t2 = Trainer(_cfg(**kw, output=str(tmp_path / "b"), resume=str(tmp_path / "b")), log=_quiet, progress=False)
+    t2.fit()
+    a, b = _weights(ref), _weights(t2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(x, y) for x, y in zip(ref.ema.state_dict().values(), t2.ema.state_dict().values()))
+
+
+def test_a_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    t = Trainer(_cfg(epochs=1, output=str(tmp_path)), log=_quiet, progress=False)
+    t.fit()
+    good = (tmp_path / "last" / "model.safetensors").read_bytes()
+    import vitkit.model.hub as hub
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(hub, "save_file", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, "last", t.model, t.preprocessing, t._train_state())
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == good
+    # killed between the two renames: last/ is gone, the previous one is recovered
+    (tmp_path / "last").rename(tmp_path / ".last.old")
+    assert recover_checkpoint(tmp_path, "last") == tmp_path / "last"
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == good
+    monkeypatch.undo()
+    Trainer(_cfg(epochs=2, output=str(tmp_path), resume=str(tmp_path)), log=_quiet, progress=False).fit()
+
+
+def test_nan_loss_stops_keeps_checkpoints_and_writes_diverged_state(tmp_path):
+    t = Trainer(_cfg(epochs=2, output=str(tmp_path)), log=_quiet, progress=False)
+    t.fit()
+    last = (tmp_path / "last" / "model.safetensors").read_bytes()
+    best = (tmp_path / "best" / "model.safetensors").read_bytes()
+    t2 = Trainer(_cfg(epochs=4, output=str(tmp_path), resume=str(tmp_path)), log=_quiet, progress=False)
+    fwd = t2.model.forward
+    t2.train_model.forward = lambda x: fwd(x) * float("nan")
+    with pytest.raises(TrainingDiverged, match="loss is nan"):
+        t2.fit()
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == last
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() == best
+    assert (tmp_path / "diverged" / "train_state.pt").is_file()
+
+
+def test_resume_with_a_different_model_names_the_key_and_shapes(tmp_path):
+    Trainer(_cfg(epochs=1, output=str(tmp_path)), log=_quiet, progress=False).fit()
+    with pytest.raises(ValueError, match=r"has shape .* the model expects"):
+        Trainer(_cfg(epochs=2, resume=str(tmp_path), model_args={"embed_dim": 32, "num_heads": 4}),
+                log=_quiet, progress=False)
+
+
+def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path):
+    r = Trainer(_cfg(epochs=10_000, time_limit=0.15, output=str(tmp_path), min_lr=1e-6), log=_quiet,
+                progress=False).fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= r.epochs < 10_000 and not r.stopped_early
+    assert rows[-1]["lr"] < 1e-4  # the cosine reached its end instead of being cut at its top
+    assert r.val_top1 > 20
+
+
+def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("epochs: 1\nlr: 0.0005\nmodel_args: {depth: 2}\n")
+    assert main(["train", "--config", str(cfg), "--lr", "0.0007", "--output", str(tmp_path / "r")]) == 0
+    import yaml
+
+    resolved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert resolved["lr"] == 0.0007 and resolved["epochs"] == 1 and resolved["model_args"]["depth"] == 2
+    assert resolved["model_args"]["embed_dim"] == 64  # from the digits recipe
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epoch: 3\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "unknown key(s) ['epoch']" in capsys.readouterr().err
+
+
+def test_sigterm_saves_last_and_resume_auto_continues(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "vitkit", "train", "--epochs", "30", "--output", str(out)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.time() + 120
+    while not (out / "last").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=60)[0]
+    assert p.returncode == 128 + signal.SIGTERM, text
+    assert "saving last/" in text
+    state = torch.load(out / "last" / "train_state.pt", weights_only=True)
+    r = subprocess.run(cmd + ["--resume", "auto"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {out / 'last'}: epoch {state['epoch']}" in r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("final: val_top1=")
