@@ -29,7 +29,7 @@ def test_idx_files_plain_and_gzipped(tmp_path, gz):
     x, y = digits_arrays()
     x28 = np.stack([np.asarray(Image.fromarray(a).resize((28, 28))) for a in x[:60]])
     write_idx(tmp_path, "train", x28[:50], y[:50], gz)
-    write_idx(tmp_path, "t10k", x28[50:], y[50:], gz)
+    write_idx(tmp_path, "t10k", x28[50:], y[50:60], gz)
     d = load_idx_splits("mnist", str(tmp_path), download=False)
     assert d.train.images.shape == (50, 1, 28, 28) and d.val.images.shape == (10, 1, 28, 28)
     assert torch.equal(d.train.images[3, 0], torch.from_numpy(x28[3]))
@@ -65,6 +65,7 @@ def test_cifar10_in_torchvision_format(tmp_path, monkeypatch):
         pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
     # the files are ours, so torchvision's md5 check of the official archive does not apply
     monkeypatch.setattr(torchvision.datasets.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
     d = load_dataset("cifar10", str(tmp_path))
     assert d.train.images.shape == (20, 3, 32, 32) and d.val.images.shape == (6, 3, 32, 32)
     assert d.classes[0] == "c0"

@@ -1,10 +1,102 @@
-"""Not built yet."""
+"""``vitkit bench``: the machine's matmul ceiling, then inference and training img/s of vitkit and its peers
+(timm, Hugging Face, torchvision) on identical weights and inputs, in one process. A table and JSON."""
+from __future__ import annotations
+
 import argparse
+import json
+import platform
+from pathlib import Path
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224")
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--peers", default="timm,hf,torchvision")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile", action="store_true", help="also torch.compile the vitkit model")
+    p.add_argument("--no-train", action="store_true", help="skip the training-throughput part")
+    p.add_argument("--train-steps", type=int, default=40)
+    p.add_argument("--no-infer", action="store_true", help="skip the inference part")
+    p.add_argument("--json", default=None, help="write all rows here")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("not implemented yet")
+    import torch
+
+    from ..bench.inference import bench_inference
+    from ..bench.timing import matmul_ceiling
+
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    ceiling = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
+    print(f"matmul ceiling (4096^3): fp32 {ceiling['fp32'] / 1e9:.0f} GFLOP/s, bf16 {ceiling['bf16'] / 1e9:.0f} GFLOP/s")
+    rows = []
+    if not args.no_infer:
+        for name in args.models.split(","):
+            for b in (int(v) for v in args.batches.split(",")):
+                for dt in args.dtypes.split(","):
+                    rows += bench_inference(name, b, dt, tuple(p for p in args.peers.split(",") if p),
+                                            repeats=args.repeats, compile=args.compile)
+    if not args.no_train:
+        rows += _train_rows(args.train_steps)
+    for r in rows:
+        peers = [o["img_s"] for o in rows if o["impl"] not in ("vitkit",) and
+                 (o["model"], o["batch"], o["dtype"], o.get("task")) == (r["model"], r["batch"], r["dtype"],
+                                                                         r.get("task"))]
+        r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
+        flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
+        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r["dtype"] == "bf16" else "fp32"]
+    print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<17}{'img/s':>9} "
+          f"{'vs best peer':>13} {'of ceiling':>11}")
+    for r in rows:
+        ratio = f"{r['ratio_to_best_peer']:.2f}x" if r["ratio_to_best_peer"] else "-"
+        print(f"{r.get('task', 'infer'):<6}{r['model']:<26}{r['batch']:>4} {r['dtype']:<5} {r['impl']:<12}"
+              f"{r['mode']:<17}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceiling_flop_s": ceiling, "rows": rows}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _train_rows(steps: int) -> list[dict]:
+    """The Fashion-MNIST recipe's model: vitkit's trainer vs plain loops over timm's same model."""
+    import torch
+
+    from ..bench.training import plain_loop_throughput, vitkit_train_throughput
+    from ..data.datasets import load_dataset
+    from ..interop.timm import timm_kwargs
+    from ..model.vit import flops_per_image
+    from ..training.config import TrainConfig, recipe
+    from ..training.trainer import build_model
+
+    try:
+        data = load_dataset("fashion-mnist")
+        name = "fashion-mnist"
+    except (FileNotFoundError, ValueError):
+        data, name = load_dataset("digits"), "digits"
+    cfg = TrainConfig(**{**recipe(name), "dataset": name})
+    model = build_model(cfg, data)
+    gf = flops_per_image(model.config) / 1e9
+    rows = []
+
+    def row(impl: str, mode: str, img_s: float, dtype: str) -> None:
+        rows.append({"task": "train", "model": f"{name}-recipe", "batch": cfg.batch_size, "dtype": dtype,
+                     "impl": impl, "mode": mode, "img_s": img_s, "gflop_per_img": gf})
+        print(f"  train {name}-recipe b{cfg.batch_size} {impl:<11} {mode:<22} {img_s:8.1f} img/s")
+
+    row("vitkit", f"trainer ({cfg.precision})", vitkit_train_throughput(cfg, data, steps), cfg.precision)
+    try:
+        from timm.models.vision_transformer import VisionTransformer as TimmViT
+    except ImportError:
+        return rows
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        ref = TimmViT(**timm_kwargs(model.config))
+        row("timm", f"plain loop ({precision})",
+            plain_loop_throughput(ref, data, cfg.batch_size, steps, precision, pil=False), cfg.precision)
+    torch.manual_seed(0)
+    ref = TimmViT(**timm_kwargs(model.config))
+    row("timm", "tutorial loop (PIL, fp32)", plain_loop_throughput(ref, data, cfg.batch_size, steps, "fp32", pil=True),
+        cfg.precision)
+    return rows

@@ -1,0 +1,122 @@
+"""Inference throughput of vitkit against timm, Hugging Face and torchvision on identical weights and inputs."""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from typing import Any, Callable
+
+import torch
+
+from ..model.config import to_2tuple
+from ..model.registry import create_model
+from ..model.vit import VisionTransformer, flops_per_image
+from ..speed import optimize_for_inference
+from .timing import throughput
+
+
+def _peer_timm(model: VisionTransformer) -> torch.nn.Module | None:
+    try:
+        from timm.models.vision_transformer import VisionTransformer as TimmViT
+    except ImportError:
+        return None
+    from ..interop.timm import timm_kwargs, to_timm
+
+    ref = TimmViT(**timm_kwargs(model.config))
+    ref.load_state_dict(to_timm(model))
+    return ref
+
+
+def _peer_hf(model: VisionTransformer) -> torch.nn.Module | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from ..interop.hf import to_hf
+
+    sd, cfg = to_hf(model)
+    with tempfile.TemporaryDirectory() as d:
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(Path(d) / "model.safetensors"))
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        hf = transformers.ViTForImageClassification.from_pretrained(d)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m: torch.nn.Module) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.m(pixel_values=x).logits
+
+    return Logits(hf)
+
+
+def _peer_torchvision(model: VisionTransformer) -> torch.nn.Module | None:
+    from ..interop.torchvision import to_torchvision
+
+    try:
+        return to_torchvision(model)
+    except ValueError:
+        return None
+
+
+PEERS: dict[str, Callable[[VisionTransformer], torch.nn.Module | None]] = {
+    "timm": _peer_timm, "hf": _peer_hf, "torchvision": _peer_torchvision}
+
+
+def _runner(m: torch.nn.Module, x: torch.Tensor, mode: str) -> Callable[[], Any]:
+    """mode: fp32 | bf16-autocast | bf16-weights (for peers) ; vitkit handles its own casting."""
+    if mode == "bf16-weights":
+        m = m.to(torch.bfloat16)
+        x = x.to(torch.bfloat16)
+    ctx = (lambda: torch.autocast(x.device.type, dtype=torch.bfloat16)) if mode == "bf16-autocast" \
+        else contextlib.nullcontext
+
+    def run() -> Any:
+        with torch.inference_mode(), ctx():
+            return m(x)
+
+    return run
+
+
+def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = ("timm", "hf", "torchvision"),
+                    repeats: int = 5, compile: bool = False, log: Callable[[str], None] = print,
+                    **overrides: Any) -> list[dict[str, Any]]:
+    """Rows of {impl, mode, img_s, ...} for one model/batch/dtype; all on the same weights and inputs."""
+    torch.manual_seed(0)
+    model = create_model(name, **overrides).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+    c = model.config
+    x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size))
+    with torch.inference_mode():
+        want = model(x)
+    rows = []
+
+    def record(impl: str, mode: str, fn: Callable[[], Any]) -> None:
+        out = fn()
+        logits = out.float() if isinstance(out, torch.Tensor) else out
+        err = float((logits - want).abs().max())
+        tol = 1e-3 if dtype == "fp32" else 0.5
+        if err > tol:  # proves the peers run the same weights; bf16 only roughly agrees
+            raise RuntimeError(f"{impl} ({mode}) disagrees with vitkit by {err:.3g}: not the same model")
+        r = throughput(fn, batch, warmup=2, repeats=repeats)
+        rows.append({"model": name, "batch": batch, "dtype": dtype, "impl": impl, "mode": mode, "img_s": r,
+                     "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
+        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<16} {r:8.2f} img/s")
+
+    fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compile)
+    record("vitkit", "optimized" + ("+compile" if compile else ""), lambda: fast(x))
+    modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
+    for peer in peers:
+        m = PEERS[peer](model)
+        if m is None:
+            continue
+        m.eval()
+        for mode in modes:
+            record(peer, mode, _runner(m, x, mode))
+    return rows

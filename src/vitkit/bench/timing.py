@@ -1,0 +1,36 @@
+"""Timing helpers: warm up, then the median of repeated timed runs."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def sync(device: torch.device | str = "cpu") -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def throughput(fn: Callable[[], object], items: int, warmup: int = 2, repeats: int = 5, min_time: float = 0.0,
+               device: torch.device | str = "cpu") -> float:
+    """Items per second of ``fn``: median over ``repeats`` timed calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_time:
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return items / statistics.median(times)
+
+
+def matmul_ceiling(dtype: torch.dtype, n: int = 4096, device: torch.device | str = "cpu") -> float:
+    """FLOP/s of a large square matmul: what the machine can do in ``dtype`` at best."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return throughput(lambda: a @ b, items=2 * n ** 3, warmup=2, repeats=5, device=device)

@@ -1,0 +1,83 @@
+"""Training throughput: vitkit's trainer against plain loops over the same model (issues 3 and 8)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..data.datasets import DataSplits
+from ..training.config import TrainConfig
+from ..training.trainer import Trainer
+
+
+def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> float:
+    """img/s of the real trainer (batch augmentation, precision, attention path as configured) over ``steps``."""
+    t = Trainer(cfg, data=data, log=lambda s: None, progress=False)
+    t.total_steps = warmup
+    t.train_epoch()
+    t.total_steps = warmup + steps
+    start = time.perf_counter()
+    t.train_epoch()
+    return steps * cfg.batch_size / (time.perf_counter() - start)
+
+
+class _PilDataset(torch.utils.data.Dataset):
+    """The tutorial pipeline: one PIL image at a time through torchvision's ToTensor and Normalize."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: list[float], std: list[float]) -> None:
+        from torchvision import transforms
+
+        self.images, self.labels = images, labels
+        self.tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        from PIL import Image
+
+        a = self.images[i].numpy()
+        img = Image.fromarray(a[0]) if a.shape[0] == 1 else Image.fromarray(a.transpose(1, 2, 0))
+        return self.tf(img), int(self.labels[i])
+
+
+def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, steps: int = 30,
+                          precision: str = "fp32", pil: bool = True, lr: float = 1e-3) -> float:
+    """img/s of a plain loop: DataLoader (PIL per image) or in-memory tensors, AdamW, fp32 or bf16 autocast."""
+    mean, std = data.mean_std()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
+        else contextlib.nullcontext
+    if pil:
+        loader = torch.utils.data.DataLoader(_PilDataset(data.train.images, data.train.labels, mean, std),
+                                             batch_size=batch_size, shuffle=True, drop_last=True)
+        it = iter(loader)
+        next_batch = lambda: next(it)  # noqa: E731
+    else:
+        m = torch.tensor(mean).view(1, -1, 1, 1)
+        s = torch.tensor(std).view(1, -1, 1, 1)
+        gen = torch.Generator().manual_seed(0)
+
+        def next_batch():  # type: ignore[no-untyped-def]
+            idx = torch.randint(0, len(data.train), (batch_size,), generator=gen)
+            return (data.train.images[idx].float() / 255 - m) / s, data.train.labels[idx]
+
+    def step() -> None:
+        x, y = next_batch()
+        with ctx():
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * batch_size / (time.perf_counter() - start)
