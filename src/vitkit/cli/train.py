@@ -109,6 +109,14 @@ def _progress():  # type: ignore[no-untyped-def]
     return partial(tqdm, mininterval=1.0, leave=False)
 
 
+def _default_output(args: argparse.Namespace, dataset: str | None = None) -> str:
+    """runs/<dataset>-<time>; under torchrun runs/<dataset>-<run id>, the same after a restart."""
+    dataset = dataset or getattr(args, "dataset", None) or "digits"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    suffix = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{dataset}-{suffix}")
+
+
 def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
     out = Path(cfg.output)
     if not cfg.resume and out.exists() and any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
@@ -128,9 +136,21 @@ def run(args: argparse.Namespace) -> int:
 
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not getattr(args, "resume", None):
+        args.resume = "auto"  # torchrun restarted the group after a failure: continue from last/
+        if not getattr(args, "output", None):
+            args.output = _default_output(args)
+    if distributed and rank != 0:
+        dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
     cfg, data = resolve_config(args)
+    if data is None:
+        from ..data.datasets import load_dataset
+
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir)
+    if distributed and rank == 0:
+        dist.barrier()
     if cfg.output is None:
-        cfg.output = os.path.join("runs", f"{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg.output = _default_output(args, cfg.dataset)
         if distributed:  # every rank must agree on the folder
             obj = [cfg.output]
             dist.broadcast_object_list(obj, src=0)

@@ -198,8 +198,10 @@ class _Source:
 
 
 def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
-                       cache_dir: str | None = None, progress: Callable | None = None) -> DataSplits:
-    """Decode an ImageFolder tree (or a zip of one) into memory; cached under ``cache_dir`` by fingerprint."""
+                       cache_dir: str | None = None, progress: Callable | None = None,
+                       max_side: int = 128) -> DataSplits:
+    """Decode an ImageFolder tree (or a zip of one) into memory as uint8, all at one size (``size``, else the most
+    common size, scaled down to at most ``max_side`` pixels); cached under ``cache_dir`` by fingerprint."""
     src = _Source(Path(path))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
@@ -217,7 +219,7 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         only_v = sorted(set(src.dirs[val_split]) - set(classes))
         raise ValueError(f"{path}: classes differ between train/ and {val_split}/: only in train {only_t}, "
                          f"only in {val_split} {only_v}")
-    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{skip_bad_images}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
     if cache is not None and cache.is_file():
         t = load_file(str(cache))
@@ -243,6 +245,9 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     channels = 1 if all(is_gray(im) for im, _ in every) else 3
     if size is None:  # the most common size wins; the others are resized to it
         size = Counter((im.height, im.width) for im, _ in every).most_common(1)[0][0]
+        if max(size) > max_side:  # large photos are kept in memory at a training-friendly size
+            scale = max_side / max(size)
+            size = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
     tensors = []
     for s in ("train", val_split):
         x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))

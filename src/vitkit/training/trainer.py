@@ -13,10 +13,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import yaml
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DistributedSampler
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits, load_dataset
+from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.registry import get_config
@@ -112,8 +112,7 @@ class Trainer:
             self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         if cfg.compile:
             self.train_model = torch.compile(self.train_model)
-        self.sampler = DistributedSampler(range(len(self.data.train)), self.world, self.rank, shuffle=True,
-                                          seed=cfg.seed, drop_last=True)
+        self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         micro = len(self.sampler) // cfg.batch_size
         self.steps_per_epoch = max(1, micro // cfg.grad_accum)
         self.total_steps = cfg.epochs * self.steps_per_epoch
@@ -209,6 +208,10 @@ class Trainer:
         # keep the recipe's shape: warmup shrinks with the schedule
         self.warmup_steps = min(self.warmup_steps, int(self.cfg.warmup_epochs * self.steps_per_epoch
                                                        * self.total_steps / planned))
+        if self.world > 1:  # ranks time themselves differently; rank 0's plan is everyone's
+            t = torch.tensor([self.total_steps, self.warmup_steps], device=self.device)
+            dist.broadcast(t, src=0)
+            self.total_steps, self.warmup_steps = int(t[0]), int(t[1])
 
     def _agree(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any (stop requests and NaN must stop all ranks together)."""

@@ -1,0 +1,55 @@
+"""Entry point for the torchrun tests: `vitkit train` with faults injected on one rank (test-only code).
+
+    torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train ...
+"""
+import os
+import sys
+
+from safetensors.torch import save_file
+
+from vitkit.cli.main import main
+from vitkit.training import trainer as trainer_mod
+
+
+def parse(argv):
+    opts = {}
+    while argv and argv[0] != "--":
+        opts[argv[0]] = argv[1]
+        argv = argv[2:]
+    return opts, argv[1:]
+
+
+opts, rest = parse(sys.argv[1:])
+rank = int(os.environ.get("RANK", "0"))
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+class Faulty(trainer_mod.Trainer):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        criterion = self.criterion
+
+        def faulty(logits, target):
+            loss = criterion(logits, target)
+            for key in ("--nan-at", "--die-at"):
+                if key in opts:
+                    step, r = (int(v) for v in opts[key].split(":"))
+                    if rank == r and self.step >= step:
+                        if key == "--die-at" and restart == 0:
+                            os._exit(17)  # a crash: no clean-up, no checkpoint
+                        if key == "--nan-at":
+                            loss = loss * float("nan")
+            return loss
+
+        self.criterion = faulty
+
+    def fit(self):
+        result = super().fit()
+        if "--dump" in opts:
+            save_file({k: v.contiguous() for k, v in self.model.state_dict().items()},
+                      os.path.join(opts["--dump"], f"rank{rank}.safetensors"))
+        return result
+
+
+trainer_mod.Trainer = Faulty
+sys.exit(main(rest))

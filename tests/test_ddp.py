@@ -1,0 +1,60 @@
+"""DDP with torchrun on CPU (gloo, loopback): 2 processes."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitkit.training.config import TrainConfig
+from vitkit.training.trainer import Trainer
+
+ENTRY = str(Path(__file__).with_name("ddp_entry.py"))
+COMMON = ["--epochs", "3", "--crop-padding", "0", "--smoothing", "0", "--lr", "0.001", "--warmup-epochs", "1"]
+
+
+def torchrun(args, nproc=2, max_restarts=0, timeout=240):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={max_restarts}", ENTRY, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_two_ranks_end_identical_and_match_one_process_with_the_global_batch(tmp_path):
+    r = torchrun(["--dump", str(tmp_path), "--", "train", *COMMON, "-b", "32", "--output", str(tmp_path / "run")])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    finals = [line for line in r.stdout.splitlines() if line.startswith("final:")]
+    assert len(finals) == 1  # only rank 0 prints and writes
+    a, b = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # one process, batch 2 x 32, the same images per step: the same weights up to float summation order
+    torch.set_num_threads(1)
+    cfg = TrainConfig(dataset="digits", epochs=3, batch_size=64, lr=1e-3, warmup_epochs=1, crop_padding=0,
+                      smoothing=0.0, model_args={"img_size": 8, "patch_size": 2, "embed_dim": 64, "depth": 4,
+                                                 "num_heads": 4})
+    single = Trainer(cfg, log=lambda s: None, progress=False)
+    single.fit()
+    s = single.model.state_dict()
+    worst = max(float((s[k] - a[k]).abs().max()) for k in a)
+    assert worst < 1e-4, worst
+    assert (tmp_path / "run" / "last" / "train_state.pt").is_file()
+
+
+def test_a_killed_rank_is_restarted_and_training_resumes_from_last(tmp_path):
+    out = tmp_path / "run"
+    r = torchrun(["--die-at", "30:1", "--", "train", *COMMON, "-b", "32", "--output", str(out)], max_restarts=1)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resumed from" in r.stdout and r.stdout.strip().splitlines()[-1].startswith("final: val_top1=")
+    import vitkit
+
+    model = vitkit.from_pretrained(out / "last")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_on_one_rank_stops_both_without_hanging(tmp_path):
+    r = torchrun(["--nan-at", "5:1", "--", "train", *COMMON, "-b", "32", "--output", str(tmp_path / "run")],
+                 timeout=180)
+    assert r.returncode != 0
+    assert "loss is nan" in r.stderr + r.stdout
