@@ -16,6 +16,7 @@ MODEL_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--pos-embed": ("pos_embed", str, "learn | sincos2d | none"),
     "--num-classes": ("num_classes", int, "classes of the head"),
     "--in-chans": ("in_chans", int, "image channels"),
+    "--hybrid": ("hybrid", str, "CNN stem for the paper's hybrid model, e.g. resnet18:1 (with --patch-size 1)"),
     "--drop-path": ("drop_path_rate", float, "stochastic depth rate"),
     "--drop": ("drop_rate", float, "dropout before the head"),
 }

@@ -22,10 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interop import load_any, to_hf, to_jax_npz, to_timm
 
     out = Path(args.out)
-    try:
-        refuse_overwrite(out)
-    except FileExistsError as e:
-        raise ValueError(str(e)) from None
+    refuse_overwrite(out)
     model = load_any(args.checkpoint).eval()
     meta = {"vitkit_config": json.dumps(model.config.to_dict())}
     if args.format == "safetensors":

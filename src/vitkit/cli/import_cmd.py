@@ -23,10 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interop import load_any
 
     out = Path(args.out)
-    try:
-        refuse_overwrite(out)
-    except FileExistsError as e:
-        raise ValueError(str(e)) from None
+    refuse_overwrite(out)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads)) if v is not None}
     fmt = None if args.fmt == "auto" else args.fmt
     if "num_heads" in overrides:  # an architecture fact, not an adaptation: set it on the inferred config

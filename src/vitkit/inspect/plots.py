@@ -80,19 +80,24 @@ def plot_overlay(image: np.ndarray, heat: np.ndarray, out: Path, title: str) -> 
     plt.close(fig)
 
 
+def _tiles(n: int, cols: int, w: float, h: float):  # type: ignore[no-untyped-def]
+    """A figure with ``n`` panels in rows of ``cols``, axes off: (figure, axes grid, [(index, axes), ...])."""
+    cols = min(n, cols)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows + 0.6), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    return fig, axes, list(enumerate(axes.flat))[:n]
+
+
 def plot_attention_heads(image: np.ndarray, maps: np.ndarray, out: Path, layer: int) -> None:
     """Each head's attention from the output token to the patches, one panel per head, over the image."""
     img = _image_for_display(image)
-    heads = maps.shape[0]
-    cols = min(heads, 6)
-    rows = int(np.ceil(heads / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.4 * rows + 0.6), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        ax.axis("off")
-        if i < heads:
-            ax.imshow(img, cmap="gray" if img.ndim == 2 else None)
-            im = ax.imshow(_upsample(maps[i], img.shape[:2]), cmap="jet", alpha=0.5)
-            ax.set_title(f"head {i}", fontsize=9)
+    fig, axes, panels = _tiles(maps.shape[0], 6, 2.4, 2.4)
+    for i, ax in panels:
+        ax.imshow(img, cmap="gray" if img.ndim == 2 else None)
+        im = ax.imshow(_upsample(maps[i], img.shape[:2]), cmap="jet", alpha=0.5)
+        ax.set_title(f"head {i}", fontsize=9)
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="attention")
     fig.suptitle(f"Layer {layer}: attention of the output token to each patch")
     fig.savefig(out, dpi=100)
@@ -135,15 +140,10 @@ def plot_pos_embed_similarity(sim: np.ndarray, out: Path) -> None:
 
 def plot_filters(components: np.ndarray, variance: np.ndarray, out: Path) -> None:
     """Paper Fig. 7 (left): the principal components of the patch-embedding filters as tiles."""
-    n = len(components)
-    cols = min(n, 7)
-    rows = int(np.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(1.4 * cols, 1.5 * rows + 0.6), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        ax.axis("off")
-        if i < n:
-            ax.imshow(_image_for_display(components[i]), cmap="gray" if components.shape[1] == 1 else None)
-            ax.set_title(f"{100 * variance[i]:.1f}%", fontsize=7)
+    fig, _, panels = _tiles(len(components), 7, 1.4, 1.5)
+    for i, ax in panels:
+        ax.imshow(_image_for_display(components[i]), cmap="gray" if components.shape[1] == 1 else None)
+        ax.set_title(f"{100 * variance[i]:.1f}%", fontsize=7)
     fig.suptitle("Principal components of the patch-embedding filters (% variance)")
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -270,8 +270,8 @@ class Trainer:
                 self.step += 1
             loss_sum += lv * len(y)
             seen += len(y)
-            if cfg.time_limit and self.epoch == 0 and len(probe) < 2 and self.step in (2, 12):
-                probe.append((self.step, time.time()))  # step 2 on: compile and warm-up are behind us
+            if cfg.time_limit and self.epoch == 0 and len(probe) < 2 and self.step in (5, 30):
+                probe.append((self.step, time.time()))  # step 5 on: compile and warm-up are behind us
                 if len(probe) == 2:
                     sps = (probe[1][1] - probe[0][1]) / (probe[1][0] - probe[0][0])
                     img_per_s = cfg.batch_size * cfg.grad_accum * self.world / sps
