@@ -74,7 +74,8 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
             saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-            given["resume"], given.setdefault("output", str(run_dir))
+            given["resume"] = str(run_dir)
+            given.setdefault("output", str(run_dir))
         else:
             raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
     dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
@@ -109,6 +110,23 @@ def _progress():  # type: ignore[no-untyped-def]
     return partial(tqdm, mininterval=1.0, leave=False)
 
 
+def init_distributed() -> None:
+    """The process group from torchrun's environment (gloo on CPU, nccl on CUDA). Keys are prefixed with the restart
+    count: after torchrun restarts a failed group, the new ranks must not read the dead ranks' addresses."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent_store, timeout=timedelta(minutes=5))
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                            store=dist.PrefixStore(f"vitkit/restart{restart}", store), rank=rank, world_size=world)
+
+
 def _default_output(args: argparse.Namespace, dataset: str | None = None) -> str:
     """runs/<dataset>-<time>; under torchrun runs/<dataset>-<run id>, the same after a restart."""
     dataset = dataset or getattr(args, "dataset", None) or "digits"
@@ -132,9 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and not dist.is_initialized():
-        import torch
-
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_distributed()
     rank = dist.get_rank() if dist.is_initialized() else 0
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not getattr(args, "resume", None):
         args.resume = "auto"  # torchrun restarted the group after a failure: continue from last/
