@@ -92,12 +92,10 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
             merged.update({k: v for k, v in recipe(name).items() if k != "dataset"})
         else:
             merged.update(recipe(dataset))
-    merged.update(saved)
-    merged.update(file_cfg)
-    merged.update(given)
-    mo = model_overrides(args)
-    if mo:
-        merged["model_args"] = {**merged.get("model_args", {}), **mo}
+    for layer in (saved, file_cfg, given, {"model_args": model_overrides(args)}):
+        # model_args merge key by key: a --config or flag changing the depth keeps the recipe's width
+        merged.update({k: v for k, v in layer.items() if k != "model_args"})
+        merged["model_args"] = {**merged.get("model_args", {}), **layer.get("model_args", {})}
     merged.setdefault("cache_dir", default_cache_dir())
     return TrainConfig.from_dict(merged, source="train config"), data
 

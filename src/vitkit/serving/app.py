@@ -9,15 +9,14 @@ import io
 from importlib import resources
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 
 from .predictor import Limits, Predictor, UploadError
 
 
-def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | None = None):  # type: ignore
-    from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse, Response
-
+def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | None = None) -> FastAPI:
     app = FastAPI(title="vitkit demo", docs_url=None, redoc_url=None)
     pngs: list[tuple[str, bytes]] = []
     for label, im in examples or []:

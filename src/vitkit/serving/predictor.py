@@ -40,6 +40,9 @@ def decode_upload(data: bytes, limits: Limits) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data)) as probe:
             fmt = probe.format
+    except Image.DecompressionBombError as e:  # PIL refuses at open when far above its own limit
+        raise UploadError(f"{e.args[0].split(' exceeds')[0]}: pixels is more than the limit of "
+                          f"{limits.max_pixels} pixels") from None
     except Exception:  # noqa: BLE001 - anything PIL cannot identify is "not an image" to the user
         raise UploadError("not an image PIL can read; upload PNG, JPEG, WebP, BMP or GIF") from None
     if fmt not in ALLOWED_FORMATS:

@@ -151,7 +151,9 @@ class Trainer:
         if "cuda" in s["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(s["rng"]["cuda"])
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
-        self.total_steps, self.best_top1, self.last_top1 = s["total_steps"], s["best_top1"], s["last_top1"]
+        self.best_top1, self.last_top1 = s["best_top1"], s["last_top1"]
+        if self.cfg.time_limit:  # keep the plan that fitted the schedule into the budget
+            self.total_steps = s["total_steps"]
         self.prior_elapsed = s["elapsed_s"]
         if s.get("world", 1) != self.world and self.batch_in_epoch:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
@@ -270,7 +272,8 @@ class Trainer:
                 self.step += 1
             loss_sum += lv * len(y)
             seen += len(y)
-            if cfg.time_limit and self.epoch == 0 and len(probe) < 2 and self.step in (5, 30):
+            if cfg.time_limit and self.epoch == 0 and len(probe) < 2 and \
+                    self.step in (5, min(30, self.steps_per_epoch - 1)):
                 probe.append((self.step, time.time()))  # step 5 on: compile and warm-up are behind us
                 if len(probe) == 2:
                     sps = (probe[1][1] - probe[0][1]) / (probe[1][0] - probe[0][0])
