@@ -11,14 +11,9 @@ from .model import (
     save_pretrained,
 )
 
+from .speed import optimize_for_inference
+
 __version__ = "0.1.0"
-
-
-def optimize_for_inference(model, dtype=None):  # type: ignore[no-untyped-def]
-    """The model prepared for the fastest inference on its device (see ``vitkit.speed``)."""
-    from .speed import optimize_for_inference as _opt
-
-    return _opt(model, dtype) if dtype is not None else _opt(model)
 
 
 __all__ = ["PRESETS", "ViTConfig", "VisionTransformer", "create_model", "flops_per_image", "from_pretrained",

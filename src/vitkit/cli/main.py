@@ -21,7 +21,8 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    p = argparse.ArgumentParser(prog="vitkit", description="The Vision Transformer of 'An Image is Worth 16x16 "
+                                "Words', and what it takes to use one. `vitkit COMMAND -h` for a command's flags.")
     p.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():

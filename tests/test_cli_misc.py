@@ -1,0 +1,46 @@
+"""Smaller CLI commands and public names from INTERFACE.md."""
+import torch
+
+import vitkit
+from vitkit.cli.main import main
+
+
+def test_summary_prints_torchinfo_table_with_params_and_macs(capsys):
+    assert main(["summary", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--patch-size", "8",
+                 "--num-classes", "10"]) == 0
+    out = capsys.readouterr().out
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=10)
+    assert f"parameters: {model.num_params:,}" in out
+    assert "Mult-Adds" in out and "Attention" in out
+
+
+def test_unknown_preset_is_a_clean_cli_error(capsys):
+    assert main(["summary", "--model", "vit_giant_patch99"]) == 2
+    assert "unknown model 'vit_giant_patch99'" in capsys.readouterr().err
+
+
+def test_interface_names_exist():
+    import vitkit.inspect as vi
+    import vitkit.interop as io
+
+    for name in ("attention_rollout", "mean_attention_distance", "pos_embed_similarity", "patch_embed_filters"):
+        assert callable(getattr(vi, name))
+    for name in ("from_timm", "from_hf", "from_jax_npz", "to_timm", "to_hf"):
+        assert callable(getattr(io, name))
+    assert "vit_base_patch16_224" in vitkit.list_models()
+
+
+def test_optimize_for_inference_is_close_to_fp32_and_keeps_the_original():
+    model = vitkit.create_model("vit_small_patch16_224", img_size=64, num_classes=10).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+    x = torch.randn(4, 3, 64, 64)
+    fast = vitkit.optimize_for_inference(model)
+    with torch.no_grad():
+        ref = model(x)
+    out = fast(x)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max() + 1e-3
+    assert next(model.parameters()).dtype == torch.float32  # the original is untouched
+    fp32 = vitkit.optimize_for_inference(model, dtype=None)
+    torch.testing.assert_close(fp32(x), ref, rtol=1e-5, atol=1e-5)
