@@ -58,8 +58,10 @@ def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
     if cfg.init:
         from ..interop import load_pretrained
+        from ..model.hub import ADAPTABLE
 
-        keep = {k: v for k, v in overrides.items() if k != "in_chans"}
+        # the architecture comes from the weights; only what fine-tuning may change is taken from the config
+        keep = {k: v for k, v in overrides.items() if k in ADAPTABLE}
         model = load_pretrained(cfg.init, **keep)
         if model.config.in_chans != data.in_chans:
             raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
