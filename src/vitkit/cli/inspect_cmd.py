@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interop import load_any
     from ..data.preprocess import preprocessing_of
     from ..inspect import analysis, plots
+    from ..model.config import to_2tuple
 
     model = load_any(args.checkpoint).eval()
     pre = preprocessing_of(model)
@@ -57,7 +58,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "distance":
         x, _ = _sample_images(args, model, pre, args.num_images)
         dist = analysis.mean_attention_distance(model, x)
-        plots.plot_attention_distance(dist, out, f"Mean attention distance ({len(x)} images)")
+        grid = model.patch_embed.grid_for(tuple(x.shape[-2:]))
+        patch = tuple(p * model.patch_embed.stride for p in to_2tuple(model.config.patch_size))
+        uniform = float(analysis.patch_distances(grid, patch).mean())
+        plots.plot_attention_distance(dist, out, f"Mean attention distance ({len(x)} images, {grid[0]}x{grid[1]} "
+                                      f"patches of {patch[0]} px)", uniform)
+        print(f"uniform attention would give {uniform:.2f} px")
         for layer, row in enumerate(dist, 1):
             print(f"layer {layer:2d}: " + " ".join(f"{d:6.2f}" for d in row))
     else:

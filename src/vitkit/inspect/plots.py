@@ -104,16 +104,20 @@ def plot_attention_heads(image: np.ndarray, maps: np.ndarray, out: Path, layer: 
     plt.close(fig)
 
 
-def plot_attention_distance(dist: np.ndarray, out: Path, title: str = "Mean attention distance") -> None:
-    """Paper Fig. 7 (right): one dot per head, network depth on x."""
+def plot_attention_distance(dist: np.ndarray, out: Path, title: str = "Mean attention distance",
+                            uniform: float | None = None) -> None:
+    """Paper Fig. 7 (right): one dot per head, network depth on x; ``uniform`` (the distance if every patch
+    attended to all patches equally) as a dashed line, so local heads stand out below it."""
     layers, heads = dist.shape
     fig, ax = plt.subplots(figsize=(6, 4.5))
+    if uniform is not None:
+        ax.axhline(uniform, color="gray", ls="--", lw=1, label="uniform attention")
     for h in range(heads):
         ax.scatter(np.arange(1, layers + 1), dist[:, h], s=18, label=f"head {h}")
     ax.set_xlabel("network depth (layer)"), ax.set_ylabel("mean attention distance (pixels)")
     ax.set_title(title), ax.grid(alpha=0.3)
     ax.set_xticks(range(1, layers + 1))
-    if heads <= 16:
+    if heads <= 16 or uniform is not None:
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
