@@ -194,3 +194,19 @@ def test_sigterm_saves_last_and_resume_auto_continues(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"resumed from {out / 'last'}: epoch {state['epoch']}" in r.stdout
     assert r.stdout.strip().splitlines()[-1].startswith("final: val_top1=")
+
+
+def test_finetune_from_weights_at_a_new_resolution_with_sgd_and_a_lower_body_lr(tmp_path):
+    import vitkit
+
+    src = vitkit.create_model("vit_nano_patch2_8", img_size=8, patch_size=2, in_chans=1, num_classes=5)
+    src.save_pretrained(tmp_path / "pre")
+    out = tmp_path / "ft"
+    assert main(["train", "--init", str(tmp_path / "pre"), "--img-size", "16", "--epochs", "1", "--opt", "sgd",
+                 "--lr", "0.01", "--body-lr-scale", "0.1", "--output", str(out)]) == 0
+    ft = vitkit.from_pretrained(out / "last")
+    assert ft.config.img_size == 16 and ft.config.num_classes == 10  # digits' classes: a new head
+    assert ft.pos_embed.shape == (1, 1 + 64, 64)
+    state = torch.load(out / "last" / "train_state.pt", weights_only=True)
+    scales = sorted({g["lr_scale"] for g in state["optimizer"]["param_groups"]})
+    assert scales == [0.1, 1.0]
