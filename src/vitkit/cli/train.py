@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         result = trainer.fit()
+        if dist.is_initialized():
+            dist.barrier()  # rank 0 may still be writing; a rank tearing down early can abort the others
     except TrainingDiverged as e:
         print(f"vitkit train: error: {e}", file=sys.stderr)
         return 3
