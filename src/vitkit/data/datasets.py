@@ -178,14 +178,12 @@ class _Source:
             for i in range(len(parts) - 1):
                 if parts[i] in ("train", "val", "test") and len(parts) - i in (2, 3):
                     split = parts[i]
-                    if len(parts) - i == 2:  # a class folder (zip directory entry or real folder)
-                        if self.zip is None and not (path / n).is_dir():
-                            break
-                        self.dirs.setdefault(split, set()).add(parts[i + 1])
-                    else:
-                        self.dirs.setdefault(split, set()).add(parts[i + 1])
-                        if Path(n).suffix.lower() in IMAGE_EXTENSIONS:
-                            self.files.setdefault(split, {}).setdefault(parts[i + 1], []).append(n)
+                    is_class_dir = len(parts) - i == 2  # zip directory entry or real folder
+                    if is_class_dir and self.zip is None and not (path / n).is_dir():
+                        break  # a stray file directly under train/
+                    self.dirs.setdefault(split, set()).add(parts[i + 1])
+                    if not is_class_dir and Path(n).suffix.lower() in IMAGE_EXTENSIONS:
+                        self.files.setdefault(split, {}).setdefault(parts[i + 1], []).append(n)
                     break
 
     def read(self, name: str) -> bytes:

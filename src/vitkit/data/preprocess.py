@@ -34,10 +34,7 @@ def load_images(paths: list[str], max_pixels: int | None = None) -> list[Image.I
 def preprocessing_of(model: Any) -> dict[str, Any]:
     """A loaded model's preprocessing (mean, std, class names), with defaults and the mean/std fitted to its
     channel count (weights imported from elsewhere carry 3-channel defaults)."""
-    from ..model.hub import DEFAULT_PREPROCESSING
+    from ..model.hub import DEFAULT_PREPROCESSING, fit_channels
 
-    pre = {**DEFAULT_PREPROCESSING, **(getattr(model, "preprocessing", None) or {})}
-    chans = model.config.in_chans
-    if len(pre["mean"]) != chans:
-        pre["mean"], pre["std"] = pre["mean"][:1] * chans, pre["std"][:1] * chans
-    return pre
+    return fit_channels({**DEFAULT_PREPROCESSING, **(getattr(model, "preprocessing", None) or {})},
+                        model.config.in_chans)

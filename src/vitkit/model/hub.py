@@ -34,14 +34,19 @@ def atomic_write(path: Path, write: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def fit_channels(pre: dict[str, Any], chans: int) -> dict[str, Any]:
+    """``pre`` with mean/std of length ``chans`` (the defaults, and weights imported from elsewhere, are 3-channel)."""
+    if len(pre["mean"]) != chans:
+        pre = {**pre, "mean": pre["mean"][:1] * chans, "std": pre["std"][:1] * chans}
+    return pre
+
+
 def save_pretrained(model: VisionTransformer, directory: str | os.PathLike, **preprocessing: Any) -> None:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     pre = {**DEFAULT_PREPROCESSING, **getattr(model, "preprocessing", {}), **preprocessing}
     pre["img_size"] = model.config.to_dict()["img_size"]
-    chans = model.config.in_chans
-    if len(pre["mean"]) != chans:  # defaults are 3-channel
-        pre["mean"], pre["std"] = pre["mean"][:1] * chans, pre["std"][:1] * chans
+    pre = fit_channels(pre, model.config.in_chans)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(d / WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     meta = {"model": model.config.to_dict(), "preprocessing": pre, "library": "vitkit"}

@@ -94,9 +94,9 @@ class Trainer:
                                          cfg.cache_dir)
         self.model = build_model(cfg, self.data).to(self.device)
         mc = self.model.config
-        mean, std = getattr(self.model, "preprocessing", {}).get("mean"), None
-        if cfg.init and mean is not None and len(mean) == mc.in_chans:
-            mean, std = self.model.preprocessing["mean"], self.model.preprocessing["std"]
+        pre = getattr(self.model, "preprocessing", None) or {}
+        if cfg.init and len(pre.get("mean") or []) == mc.in_chans:  # fine-tuning keeps the weights' statistics
+            mean, std = pre["mean"], pre["std"]
         else:
             mean, std = self.data.mean_std()
         self.preprocessing = {"mean": mean, "std": std, "class_names": self.data.classes}
