@@ -166,6 +166,23 @@ def test_hybrid_resnet_stem_gives_the_feature_map_grid_and_gradients():
     assert model.patch_embed.backbone[0].weight.grad.abs().sum() > 0
 
 
+def test_conv_hybrid_stem_is_conv_bn_relu_at_full_resolution_then_patches():
+    model = VisionTransformer(tiny_config(img_size=16, patch_size=4, hybrid="conv:8,12", in_chans=1, num_classes=3))
+    model.eval()
+    assert model.patch_embed.grid_size == (4, 4) and model.config.input_stride == 1
+    x = torch.randn(2, 1, 16, 16)
+    # the same computation written out with plain functional ops
+    h, bb = x, model.patch_embed.backbone
+    for conv, bn in ((bb[0], bb[1]), (bb[3], bb[4])):
+        h = F.relu(F.batch_norm(F.conv2d(h, conv.weight, padding=1), bn.running_mean, bn.running_var, bn.weight,
+                                bn.bias, eps=bn.eps))
+    tokens = F.conv2d(h, model.patch_embed.proj.weight, model.patch_embed.proj.bias, stride=4).flatten(2).transpose(1, 2)
+    assert torch.allclose(model.patch_embed(x), tokens, atol=1e-6)
+    for bad in ("conv:", "conv:8,x", "conv:0"):
+        with pytest.raises(ValueError, match="conv:32,64"):
+            tiny_config(hybrid=bad)
+
+
 @pytest.mark.parametrize("pool", ["cls", "gap"])
 def test_class_token_and_gap_models_train(pool):
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """Training end to end: run folder, exact resume, atomic checkpoints, divergence, time limit, CLI."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -159,6 +160,17 @@ def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path):
     assert 1 <= r.epochs < 10_000 and not r.stopped_early
     assert rows[-1]["lr"] < 1e-4  # the cosine reached its end instead of being cut at its top
     assert r.val_top1 > 20
+
+
+def test_time_limit_plan_counts_one_evaluation_per_planned_epoch(tmp_path):
+    t = Trainer(_cfg(epochs=10_000, time_limit=1.0), log=_quiet, progress=False)
+    t.start_time = time.time()  # nothing spent yet: budget 60 - 0.03 * 60 - 5 = 53.2 s
+    spe = t.steps_per_epoch
+    t._plan_time_limit(sec_per_step=0.01, eval_s=1.0)
+    n = t.total_steps
+    cost = n * 0.01 + math.ceil(n / spe) * 1.0 + 1.0  # training + an evaluation per epoch + the final one
+    assert 50.0 < cost <= 53.2 + 1.0  # fills the budget (within one evaluation: the plan counts epochs fractionally)
+    assert n > 10 * spe  # a short budget is not swallowed by evaluations of the 10,000 recipe epochs
 
 
 def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):

@@ -12,6 +12,8 @@ Measured on this project's 2-core AVX-512/AMX CPU (benchmarks/train_throughput.p
 from __future__ import annotations
 
 import copy
+import shutil
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -36,6 +38,17 @@ def configure_for_training(model: nn.Module, device: torch.device, precision: st
     set_fused_attention(model, fused_attention_pays_in_training(device, dtype))
 
 
+def compile_for_training(model: nn.Module, device: torch.device,
+                         log: Callable[[str], None] = print) -> nn.Module:
+    """torch.compile for a training step (measured: Fashion-MNIST recipe 2,000 -> 2,400 img/s on 2 cores; the
+    first step then takes ~20 s to compile, ~2 s once the compiled kernels are cached). On CPU, Inductor needs a
+    C++ compiler: without one, training goes on uncompiled instead of failing at the first step."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        log("torch.compile skipped: no C++ compiler (g++/clang++) on PATH for Inductor's CPU kernels")
+        return model
+    return torch.compile(model)
+
+
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
                            compile: bool = False) -> nn.Module:
     """A copy of ``model`` in eval mode for the fastest inference on its device: weights cast to ``dtype``
@@ -50,34 +63,37 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     if dtype is not None:
         m = m.to(dtype)
     set_fused_attention(m, True)  # fused SDPA is the faster inference path on every device we measured
-    wrapped: nn.Module = _CastInput(m, dtype)
-    if compile:
-        wrapped = torch.compile(wrapped)
-    return wrapped
+    if compile:  # the model, not the wrapper: Dynamo cannot trace into inference_mode, so no_grad is used
+        m = torch.compile(m)
+    return _CastInput(m, dtype, grad_mode=torch.no_grad if compile else torch.inference_mode)
 
 
 class _CastInput(nn.Module):
     """Casts inputs to the weights' dtype and logits back to fp32; forwards the ViT's other methods."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, grad_mode=torch.inference_mode) -> None:
         super().__init__()
-        self.model, self.dtype = model, dtype
+        self.model, self.dtype, self.grad_mode = model, dtype, grad_mode
 
     def _cast(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.dtype) if self.dtype is not None else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
+        with self.grad_mode():
             return self.model(self._cast(x)).float()
 
     def forward_attention(self, x: torch.Tensor):  # type: ignore[no-untyped-def]
-        with torch.inference_mode():
-            logits, attns = self.model.forward_attention(self._cast(x))
+        with self.grad_mode():
+            logits, attns = _uncompiled(self.model).forward_attention(self._cast(x))
             return logits.float(), [a.float() for a in attns]
 
     @property
     def config(self):  # type: ignore[no-untyped-def]
-        return self.model.config
+        return _uncompiled(self.model).config
+
+
+def _uncompiled(m: nn.Module) -> nn.Module:
+    return getattr(m, "_orig_mod", m)
 
 
 def _cpu_has_fast_bf16() -> bool:

@@ -22,8 +22,9 @@ def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 class ViTConfig:
     """Hyper-parameters of a Vision Transformer (Dosovitskiy et al., 2021).
 
-    ``img_size`` and ``patch_size`` may be an int or ``(H, W)``. ``hybrid`` names a torchvision ResNet
-    stem (e.g. ``"resnet50:3"``: the first 3 stages) whose feature map replaces the image (§3.1, Hybrid).
+    ``img_size`` and ``patch_size`` may be an int or ``(H, W)``. ``hybrid`` names a CNN whose feature map
+    replaces the image (§3.1, Hybrid): a torchvision ResNet stem (``"resnet50:3"``: the first 3 stages) or a few
+    stride-1 3x3 convolutions (``"conv:32"``), the small-image stem of the Fashion-MNIST recipe.
     ``fc_norm`` moves the final LayerNorm after the pooling (timm's default for ``global_pool="avg"``).
     """
 
@@ -102,14 +103,27 @@ class ViTConfig:
 
 
 def hybrid_stages(spec: str) -> int:
-    """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages)."""
+    """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages); ``"conv:32,64"`` -> 2 (two 3x3 convolutions)."""
     name, _, n = spec.partition(":")
+    if name == "conv":
+        return len(conv_channels(spec))
     if not name.startswith("resnet") or not (n or "3").isdigit() or not 1 <= int(n or 3) <= 4:
-        raise ValueError(f"hybrid must look like 'resnet50:3' (a torchvision ResNet and 1-4 stages), got {spec!r}")
+        raise ValueError(f"hybrid must look like 'resnet50:3' (a torchvision ResNet and 1-4 stages) or 'conv:32,64' "
+                         f"(3x3 convolutions with these widths), got {spec!r}")
     return int(n or 3)
 
 
+def conv_channels(spec: str) -> list[int]:
+    """``"conv:32,64"`` -> [32, 64]."""
+    widths = spec.partition(":")[2].split(",")
+    if not all(w.strip().isdigit() and int(w) > 0 for w in widths):
+        raise ValueError(f"hybrid {spec!r}: expected 'conv:' and positive widths such as 'conv:32,64'")
+    return [int(w) for w in widths]
+
+
 def hybrid_stride(spec: str) -> int:
+    if hybrid_stages(spec) and spec.startswith("conv:"):  # hybrid_stages validates the spec
+        return 1  # stride-1 convolutions: the patches are cut from a full-resolution feature map
     return 4 * 2 ** (hybrid_stages(spec) - 1)  # stem /4, then each later stage /2
 
 

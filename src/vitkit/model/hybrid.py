@@ -4,7 +4,21 @@ from __future__ import annotations
 import torch.nn as nn
 import torchvision
 
-from .config import hybrid_stages, hybrid_stride
+from .config import conv_channels, hybrid_stages, hybrid_stride
+
+
+def cnn_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
+    """The CNN of a hybrid spec: (layers, output channels, stride)."""
+    return conv_stem(spec, in_chans) if spec.startswith("conv:") else resnet_stages(spec, in_chans)
+
+
+def conv_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
+    """``"conv:32,64"`` -> 3x3 conv-BN-ReLU layers of 32 and 64 channels at stride 1 (full resolution)."""
+    layers: list[nn.Module] = []
+    for width in conv_channels(spec):
+        layers += [nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+        in_chans = width
+    return nn.Sequential(*layers), in_chans, hybrid_stride(spec)
 
 
 def resnet_stages(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ViTConfig, to_2tuple
-from .hybrid import resnet_stages
+from .hybrid import cnn_stem
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
 
 
@@ -106,7 +106,7 @@ class PatchEmbed(nn.Module):
         self.patch_size = to_2tuple(c.patch_size)
         chans, self.stride = c.in_chans, 1
         if c.hybrid:
-            self.backbone, chans, self.stride = resnet_stages(c.hybrid, c.in_chans)
+            self.backbone, chans, self.stride = cnn_stem(c.hybrid, c.in_chans)
         self.proj = nn.Conv2d(chans, c.embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.in_chans = c.in_chans
         self.grid_size = c.grid_size

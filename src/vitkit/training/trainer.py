@@ -21,7 +21,7 @@ from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
-from ..speed import configure_for_training
+from ..speed import compile_for_training, configure_for_training
 from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluate import autocast_for, evaluate
@@ -113,7 +113,7 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         if cfg.compile:
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = compile_for_training(self.train_model, self.device, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         micro = len(self.sampler) // cfg.batch_size
         self.steps_per_epoch = max(1, micro // cfg.grad_accum)
@@ -205,8 +205,9 @@ class Trainer:
         """Fit the remaining schedule into the ``--time-limit`` budget: the cosine ends at the budget."""
         budget = self.cfg.time_limit * 60 - 0.03 * self.cfg.time_limit * 60 - 5  # margin for the final save
         remaining = budget - self.elapsed()
-        epochs_left = max(1, math.ceil((self.total_steps - self.step) / self.steps_per_epoch))
-        affordable = int((remaining - eval_s * (epochs_left + 1)) / max(sec_per_step, 1e-6))
+        # n more steps cost n * sec_per_step plus one evaluation per epoch they span, and the final one:
+        # n * (sec_per_step + eval_s / steps_per_epoch) + eval_s <= remaining
+        affordable = int((remaining - eval_s) / (max(sec_per_step, 1e-6) + eval_s / self.steps_per_epoch))
         planned = self.cfg.epochs * self.steps_per_epoch
         self.total_steps = max(self.step, min(planned, self.step + affordable))
         # keep the recipe's shape: warmup shrinks with the schedule
