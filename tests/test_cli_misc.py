@@ -44,3 +44,16 @@ def test_optimize_for_inference_is_close_to_fp32_and_keeps_the_original():
     assert next(model.parameters()).dtype == torch.float32  # the original is untouched
     fp32 = vitkit.optimize_for_inference(model, dtype=None)
     torch.testing.assert_close(fp32(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_optimize_for_inference_with_compile_runs_and_agrees():
+    # torch.compile under inference_mode failed ("Cannot set version_counter for inference tensor"): the compiled
+    # path must run, agree with the eager model and still give attention maps
+    model = vitkit.create_model("vit_small_patch16_224", img_size=32, depth=2, num_classes=10).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+        ref = model(x := torch.randn(2, 3, 32, 32))
+    fast = vitkit.optimize_for_inference(model, dtype=None, compile=True)
+    torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-4)
+    logits, attns = fast.forward_attention(x)
+    assert len(attns) == 2 and attns[0].shape == (2, 6, 5, 5) and fast.config.depth == 2

@@ -11,6 +11,7 @@ Measured on this project's 2-core AVX-512/AMX CPU (benchmarks/train_throughput.p
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 from typing import Callable
@@ -63,15 +64,30 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     if dtype is not None:
         m = m.to(dtype)
     set_fused_attention(m, True)  # fused SDPA is the faster inference path on every device we measured
-    if compile:  # the model, not the wrapper: Dynamo cannot trace into inference_mode, so no_grad is used
-        m = torch.compile(m)
-    return _CastInput(m, dtype, grad_mode=torch.no_grad if compile else torch.inference_mode)
+    if not compile:
+        return _CastInput(m, dtype, torch.inference_mode)
+    # The model, not the wrapper, is compiled, and run under no_grad: Dynamo cannot trace under inference_mode.
+    # max-autotune lets Inductor choose its own C++ GEMMs (AMX micro-kernels with bias/GELU fused in) where they
+    # beat oneDNN, and freezing (read when compiling, hence set around each call) folds the weights in as
+    # constants. Measured, ViT-B/16 batch 16 bf16, one process: 45.0 vs 35.9 img/s eager; without freezing
+    # or without max-autotune no gain. Compiling takes ~12-25 s per input shape.
+    return _CastInput(torch.compile(m, mode="max-autotune"), dtype, _frozen_no_grad)
+
+
+def _frozen_no_grad() -> contextlib.AbstractContextManager:
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(inductor_config.patch(freezing=True))
+    return stack
 
 
 class _CastInput(nn.Module):
     """Casts inputs to the weights' dtype and logits back to fp32; forwards the ViT's other methods."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None, grad_mode=torch.inference_mode) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None,
+                 grad_mode: Callable[[], contextlib.AbstractContextManager]) -> None:
         super().__init__()
         self.model, self.dtype, self.grad_mode = model, dtype, grad_mode
 

@@ -109,8 +109,9 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
                      "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
         log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<16} {r:8.2f} img/s")
 
-    fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compile)
-    record("vitkit", "optimized" + ("+compile" if compile else ""), lambda: fast(x))
+    for compiled in (False, True) if compile else (False,):
+        fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compiled)
+        record("vitkit", "optimized" + ("+compile" if compiled else ""), lambda: fast(x))
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
     for peer in peers:
         m = PEERS[peer](model)
