@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import gzip
+import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-SHARED_CIFAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpg.zip"
+# the team's CIFAR-10 JPEG zip: $VITKIT_CIFAR_ZIP, ../shared next to the checkout, or the workspace's shared/
+_CIFAR_CANDIDATES = [Path(p) for p in (os.environ.get("VITKIT_CIFAR_ZIP"),) if p] + [
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpg.zip",
+    Path("/work/shared/data/cifar10-jpg.zip")]
+SHARED_CIFAR = next((p for p in _CIFAR_CANDIDATES if p.is_file()), _CIFAR_CANDIDATES[0])
 
 
 def digits_arrays():
