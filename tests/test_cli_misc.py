@@ -57,3 +57,25 @@ def test_optimize_for_inference_with_compile_runs_and_agrees():
     torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-4)
     logits, attns = fast.forward_attention(x)
     assert len(attns) == 2 and attns[0].shape == (2, 6, 5, 5) and fast.config.depth == 2
+
+
+def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights():
+    from vitkit.bench.inference import bench_inference
+
+    rows = bench_inference("vit_tiny_patch16_224", 2, "fp32", ("timm", "hf", "torchvision"), repeats=2,
+                           log=lambda s: None, img_size=32, depth=1)
+    assert [(r["impl"], r["mode"]) for r in rows] == [("vitkit", "optimized"), ("timm", "fp32"), ("hf", "fp32"),
+                                                      ("torchvision", "fp32")]
+    assert all(r["img_s"] > 0 and r["max_abs_diff"] < 1e-3 for r in rows)  # the same model in every library
+    bf16 = bench_inference("vit_tiny_patch16_224", 2, "bf16", ("timm",), repeats=1, log=lambda s: None,
+                           img_size=32, depth=1)
+    assert [r["mode"] for r in bf16] == ["optimized", "bf16-autocast", "bf16-weights"]
+
+
+def test_interleaved_throughput_times_each_function_in_turn():
+    from vitkit.bench.timing import interleaved_throughput
+
+    calls = []
+    speeds = interleaved_throughput([lambda: calls.append("a"), lambda: calls.append("b")], items=4, warmup=1,
+                                    repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3 and len(speeds) == 2 and all(s > 0 for s in speeds)

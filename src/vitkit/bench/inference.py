@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 from typing import Any, Callable
 
@@ -11,7 +12,7 @@ from ..model.config import to_2tuple
 from ..model.registry import create_model
 from ..model.vit import VisionTransformer, flops_per_image
 from ..speed import optimize_for_inference
-from .timing import throughput
+from .timing import interleaved_throughput
 
 
 def _peer_timm(model: VisionTransformer) -> torch.nn.Module | None:
@@ -95,23 +96,20 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
     x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size))
     with torch.inference_mode():
         want = model(x)
-    rows = []
+    runners: list[tuple[str, str, Callable[[], Any], float]] = []
 
-    def record(impl: str, mode: str, fn: Callable[[], Any]) -> None:
-        out = fn()
+    def add(impl: str, mode: str, fn: Callable[[], Any]) -> None:
+        out = fn()  # also the first warm-up (and the compilation of a compiled model)
         logits = out.float() if isinstance(out, torch.Tensor) else out
         err = float((logits - want).abs().max())
         tol = 1e-3 if dtype == "fp32" else 0.5
         if err > tol:  # proves the peers run the same weights; bf16 only roughly agrees
             raise RuntimeError(f"{impl} ({mode}) disagrees with vitkit by {err:.3g}: not the same model")
-        r = throughput(fn, batch, warmup=2, repeats=repeats)
-        rows.append({"model": name, "batch": batch, "dtype": dtype, "impl": impl, "mode": mode, "img_s": r,
-                     "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
-        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<16} {r:8.2f} img/s")
+        runners.append((impl, mode, fn, err))
 
     for compiled in (False, True) if compile else (False,):
         fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compiled)
-        record("vitkit", "optimized" + ("+compile" if compiled else ""), lambda: fast(x))
+        add("vitkit", "optimized" + ("+compile" if compiled else ""), lambda fast=fast: fast(x))
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
     for peer in peers:
         m = PEERS[peer](model)
@@ -119,5 +117,12 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
             continue
         m.eval()
         for mode in modes:
-            record(peer, mode, _runner(m, x, mode))
+            add(peer, mode, _runner(copy.deepcopy(m) if mode == "bf16-weights" else m, x, mode))
+    # interleaved: every repeat times each implementation once, so a machine that drifts affects all alike
+    speeds = interleaved_throughput([fn for _, _, fn, _ in runners], batch, repeats=repeats)
+    rows = []
+    for (impl, mode, _, err), r in zip(runners, speeds):
+        rows.append({"model": name, "batch": batch, "dtype": dtype, "impl": impl, "mode": mode, "img_s": r,
+                     "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
+        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<16} {r:8.2f} img/s")
     return rows

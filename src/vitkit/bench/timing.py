@@ -29,6 +29,24 @@ def throughput(fn: Callable[[], object], items: int, warmup: int = 2, repeats: i
     return items / statistics.median(times)
 
 
+def interleaved_throughput(fns: list[Callable[[], object]], items: int, warmup: int = 1, repeats: int = 5,
+                           device: torch.device | str = "cpu") -> list[float]:
+    """Items per second of each of ``fns``, timed round-robin (each repeat runs every fn once), median per fn:
+    drift of the machine over the run then falls on all of them alike instead of on whichever ran last."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            ts.append(time.perf_counter() - t)
+    return [items / statistics.median(ts) for ts in times]
+
+
 def matmul_ceiling(dtype: torch.dtype, n: int = 4096, device: torch.device | str = "cpu") -> float:
     """FLOP/s of a large square matmul: what the machine can do in ``dtype`` at best."""
     a = torch.randn(n, n, device=device).to(dtype)
