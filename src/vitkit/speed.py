@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -74,13 +74,12 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     return _CastInput(torch.compile(m, mode="max-autotune"), dtype, _frozen_no_grad)
 
 
-def _frozen_no_grad() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def _frozen_no_grad() -> Iterator[None]:
     import torch._inductor.config as inductor_config
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.no_grad())
-    stack.enter_context(inductor_config.patch(freezing=True))
-    return stack
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        yield
 
 
 class _CastInput(nn.Module):

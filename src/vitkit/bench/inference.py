@@ -71,8 +71,8 @@ PEERS: dict[str, Callable[[VisionTransformer], torch.nn.Module | None]] = {
 
 def _runner(m: torch.nn.Module, x: torch.Tensor, mode: str) -> Callable[[], Any]:
     """mode: fp32 | bf16-autocast | bf16-weights (for peers) ; vitkit handles its own casting."""
-    if mode == "bf16-weights":
-        m = m.to(torch.bfloat16)
+    if mode == "bf16-weights":  # a copy: the same peer also runs in the other modes
+        m = copy.deepcopy(m).to(torch.bfloat16)
         x = x.to(torch.bfloat16)
     ctx = (lambda: torch.autocast(x.device.type, dtype=torch.bfloat16)) if mode == "bf16-autocast" \
         else contextlib.nullcontext
@@ -117,7 +117,7 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
             continue
         m.eval()
         for mode in modes:
-            add(peer, mode, _runner(copy.deepcopy(m) if mode == "bf16-weights" else m, x, mode))
+            add(peer, mode, _runner(m, x, mode))
     # interleaved: every repeat times each implementation once, so a machine that drifts affects all alike
     speeds = interleaved_throughput([fn for _, _, fn, _ in runners], batch, repeats=repeats)
     rows = []

@@ -122,9 +122,10 @@ def conv_channels(spec: str) -> list[int]:
 
 
 def hybrid_stride(spec: str) -> int:
-    if hybrid_stages(spec) and spec.startswith("conv:"):  # hybrid_stages validates the spec
+    stages = hybrid_stages(spec)  # also validates the spec
+    if spec.startswith("conv:"):
         return 1  # stride-1 convolutions: the patches are cut from a full-resolution feature map
-    return 4 * 2 ** (hybrid_stages(spec) - 1)  # stem /4, then each later stage /2
+    return 4 * 2 ** (stages - 1)  # stem /4, then each later stage /2
 
 
 def check_keys(d: dict[str, Any], what: str) -> dict[str, Any]:
