@@ -188,6 +188,30 @@ def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):
     assert "unknown key(s) ['epoch']" in capsys.readouterr().err
 
 
+def test_recipe_budgets_section_applies_to_short_time_limits_only():
+    from vitkit.training.config import for_budget
+
+    d = {"lr": 1.0, "smoothing": 0.1, "model_args": {"depth": 6, "embed_dim": 128},
+         "budgets": {10: {"smoothing": 0.0, "model_args": {"depth": 4}}, "3": {"lr": 2.0}}}
+    for limit in (None, 30, 10.5):
+        assert for_budget(d, limit) == {k: v for k, v in d.items() if k != "budgets"}
+    assert for_budget(d, 5) == {"lr": 1.0, "smoothing": 0.0, "model_args": {"depth": 4, "embed_dim": 128}}
+    assert for_budget(d, 10)["model_args"]["depth"] == 4  # "up to 10 minutes" includes 10
+    assert for_budget(d, 2) == {"lr": 2.0, "smoothing": 0.1, "model_args": {"depth": 6, "embed_dim": 128}}
+    assert "budgets" in d  # the recipe itself is left as it was
+
+
+def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
+    from vitkit.cli.train import _recipe_for_budget
+
+    assert _recipe_for_budget("fashion-mnist", 30)["model_args"]["depth"] == 6
+    assert capsys.readouterr().out == ""
+    short = _recipe_for_budget("fashion-mnist", 5)
+    assert short["model_args"]["depth"] == 3 and short["smoothing"] == 0.0 and "budgets" not in short
+    assert "--time-limit 5: smoothing 0.1 -> 0.0, depth 6 -> 3" in capsys.readouterr().out
+    TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
+
+
 def test_sigterm_saves_last_and_resume_auto_continues(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

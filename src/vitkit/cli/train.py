@@ -60,7 +60,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # noqa: F821
     """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
     from ..data.datasets import default_cache_dir, load_dataset
-    from ..training.config import TrainConfig, read_yaml, recipe
+    from ..training.config import TrainConfig, read_yaml
     from ..training.recipes import choose_recipe
 
     given = {k: v for k, v in vars(args).items()
@@ -80,6 +80,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
             raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
     dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
     merged: dict[str, Any] = {"dataset": dataset}
+    time_limit = given.get("time_limit") or file_cfg.get("time_limit")  # recipes hold settings for short budgets
     data = None
     if not saved:
         if dataset == "folder":
@@ -89,15 +90,28 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
                                 probe.get("cache_dir") or default_cache_dir(), progress=_progress())
             name = choose_recipe(data)
             print(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
-            merged.update({k: v for k, v in recipe(name).items() if k != "dataset"})
         else:
-            merged.update(recipe(dataset))
+            name = dataset
+        merged.update({k: v for k, v in _recipe_for_budget(name, time_limit).items() if k != "dataset"})
     for layer in (saved, file_cfg, given, {"model_args": model_overrides(args)}):
         # model_args merge key by key: a --config or flag changing the depth keeps the recipe's width
         merged.update({k: v for k, v in layer.items() if k != "model_args"})
         merged["model_args"] = {**merged.get("model_args", {}), **layer.get("model_args", {})}
     merged.setdefault("cache_dir", default_cache_dir())
     return TrainConfig.from_dict(merged, source="train config"), data
+
+
+def _recipe_for_budget(name: str, time_limit: float | None) -> dict[str, Any]:
+    """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed."""
+    from ..training.config import recipe
+
+    full, short = recipe(name), recipe(name, time_limit)
+    flat = [(k, full.get(k), v) for k, v in short.items() if k != "model_args"] + \
+           [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
+    changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
+    if changed:
+        print(f"recipe configs/{name}.yaml for --time-limit {time_limit:g}: {', '.join(changed)}")
+    return short
 
 
 def _progress():  # type: ignore[no-untyped-def]

@@ -90,10 +90,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return d
 
 
-def recipe(name: str) -> dict[str, Any]:
-    """The shipped recipe ``configs/<name>.yaml`` (the per-dataset defaults), or {} if there is none."""
+def recipe(name: str, time_limit: float | None = None) -> dict[str, Any]:
+    """The shipped recipe ``configs/<name>.yaml`` (the per-dataset defaults), or {} if there is none.
+
+    A recipe may hold settings for short budgets under ``budgets: {MINUTES: {key: value, ...}}``: with
+    ``time_limit`` <= MINUTES they replace the recipe's own (the smallest such MINUTES wins; ``model_args`` merge
+    key by key), since what trains best in 5 minutes is not what trains best in 30.
+    """
     f = resources.files("vitkit") / "configs" / f"{name}.yaml"
-    return yaml.safe_load(f.read_text()) or {} if f.is_file() else {}
+    return for_budget(yaml.safe_load(f.read_text()) or {} if f.is_file() else {}, time_limit)
+
+
+def for_budget(d: dict[str, Any], time_limit: float | None) -> dict[str, Any]:
+    """``d`` without its ``budgets`` section, that section's settings for ``time_limit`` minutes laid over it."""
+    d = dict(d)
+    budgets = d.pop("budgets", None) or {}
+    fits = sorted((float(m), m) for m in budgets if time_limit is not None and time_limit <= float(m))
+    if not fits:
+        return d
+    short = budgets[fits[0][1]]
+    return {**d, **short, "model_args": {**d.get("model_args", {}), **short.get("model_args", {})}}
 
 
 def list_recipes() -> list[str]:
