@@ -173,6 +173,20 @@ def test_time_limit_plan_counts_one_evaluation_per_planned_epoch(tmp_path):
     assert n > 10 * spe  # a short budget is not swallowed by evaluations of the 10,000 recipe epochs
 
 
+def test_replan_after_the_first_epoch_leaves_the_compiling_out(tmp_path):
+    t = Trainer(_cfg(epochs=10_000, time_limit=10.0), log=_quiet, progress=False)
+    planned = []
+    t._plan_time_limit = lambda sps, ev: planned.append((sps, ev))
+    t0 = 1000.0
+    t._probe, t._eval_guess = [(5, t0 + 30.0), (30, t0 + 31.25)], 2.0  # 30 s compiling, then 0.05 s a step
+    t.step = 100
+    t._replan_after_epoch(0, t0, train_s=30.0 + 95 * 0.05, eval_s=12.0)  # the evaluation compiled too
+    assert planned[-1] == pytest.approx((0.05, 2.0))
+    t.step = 200  # later epochs: their own time, as measured
+    t._replan_after_epoch(100, t0 + 50.0, train_s=100 * 0.06, eval_s=2.5)
+    assert planned[-1] == pytest.approx((0.06, 2.5))
+
+
 def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("epochs: 1\nlr: 0.0005\nmodel_args: {depth: 2}\n")
