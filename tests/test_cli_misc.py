@@ -1,4 +1,5 @@
 """Smaller CLI commands and public names from INTERFACE.md."""
+import pytest
 import torch
 
 import vitkit
@@ -79,3 +80,21 @@ def test_interleaved_throughput_times_each_function_in_turn():
     speeds = interleaved_throughput([lambda: calls.append("a"), lambda: calls.append("b")], items=4, warmup=1,
                                     repeats=3)
     assert calls == ["a", "b"] + ["a", "b"] * 3 and len(speeds) == 2 and all(s > 0 for s in speeds)
+
+
+def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_path, capsys, monkeypatch):
+    import json
+
+    import vitkit.bench.timing as timing
+
+    ceilings = iter([100e9, 200e9, 300e9, 150e9])  # fp32, bf16 at the start; fp32, bf16 at the end
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype: next(ceilings))
+    out = tmp_path / "b.json"
+    assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "fp32", "--peers",
+                 "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["ceiling_flop_s"] == {"fp32": 300e9, "bf16": 200e9}
+    for r in result["rows"]:
+        assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / 300e9)
+    assert {r["impl"] for r in result["rows"]} == {"vitkit", "timm"}
+    assert "the higher of the two is used" in capsys.readouterr().out
