@@ -222,9 +222,9 @@ class Trainer:
 
     def _replan_after_epoch(self, step0: int, t0: float, train_s: float, eval_s: float) -> None:
         """Re-plan from the epoch that just ended (steps step0.. started at t0). The first epoch also compiled the
-        model, for training and for evaluation (~30-40 s cold for the Fashion-MNIST recipe): its plan uses the
-        steps after the probe's warm-up, and an evaluation at most as long as the probe's guess. (Planning with
-        the compiling in it shrank the schedule, and the LR rose again at the next re-plan.)"""
+        training model (~30 s cold for the Fashion-MNIST recipe) and ran the first, warming-up evaluation: its plan
+        uses the steps after the probe's mark (step 5) and an evaluation at most as long as the probe's guess.
+        (Planning with the compiling in it shrank the schedule, and the LR rose again at the next re-plan.)"""
         first = bool(self._probe) and self._probe[0][0] > step0
         mark_step, mark_t = self._probe[0] if first else (step0, t0)
         self._plan_time_limit((t0 + train_s - mark_t) / max(self.step - mark_step, 1),
