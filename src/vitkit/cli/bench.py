@@ -31,8 +31,12 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}")
-    ceiling = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
-    print(f"matmul ceiling (4096^3): fp32 {ceiling['fp32'] / 1e9:.0f} GFLOP/s, bf16 {ceiling['bf16'] / 1e9:.0f} GFLOP/s")
+    def measure_ceiling(when: str) -> dict[str, float]:
+        c = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
+        print(f"matmul ceiling (4096^3){when}: fp32 {c['fp32'] / 1e9:.0f} GFLOP/s, bf16 {c['bf16'] / 1e9:.0f} GFLOP/s")
+        return c
+
+    ceiling = measure_ceiling("")
     rows = []
     if not args.no_infer:
         for name in args.models.split(","):
@@ -44,9 +48,7 @@ def run(args: argparse.Namespace) -> int:
         rows += _train_rows(args.train_steps)
     # measured again at the end, the best of the two kept: the machine drifts (±10% over minutes here), and a
     # ceiling caught in a slow moment would flatter every "of ceiling" figure
-    again = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
-    print(f"matmul ceiling again: fp32 {again['fp32'] / 1e9:.0f} GFLOP/s, bf16 {again['bf16'] / 1e9:.0f} GFLOP/s "
-          "(the higher of the two is used)")
+    again = measure_ceiling(" again, the higher of the two is used")
     ceiling = {k: max(v, again[k]) for k, v in ceiling.items()}
     for r in rows:
         peers = [o["img_s"] for o in rows if o["impl"] not in ("vitkit",) and
