@@ -178,9 +178,25 @@ def test_conv_hybrid_stem_is_conv_bn_relu_at_full_resolution_then_patches():
                                 bn.bias, eps=bn.eps))
     tokens = F.conv2d(h, model.patch_embed.proj.weight, model.patch_embed.proj.bias, stride=4).flatten(2).transpose(1, 2)
     assert torch.allclose(model.patch_embed(x), tokens, atol=1e-6)
-    for bad in ("conv:", "conv:8,x", "conv:0"):
+    for bad in ("conv:", "conv:8,x", "conv:0", "conv:M"):
         with pytest.raises(ValueError, match="conv:32,64"):
             tiny_config(hybrid=bad)
+
+
+def test_conv_hybrid_stem_with_max_pooling_quarters_the_token_grid():
+    model = VisionTransformer(tiny_config(img_size=16, patch_size=1, hybrid="conv:8,M,12,M", in_chans=3,
+                                          num_classes=3)).eval()
+    assert model.config.input_stride == 4 and model.patch_embed.grid_size == (4, 4)
+    x = torch.randn(2, 3, 16, 16)
+    h, bb = x, model.patch_embed.backbone
+    for conv, bn in ((bb[0], bb[1]), (bb[4], bb[5])):
+        h = F.max_pool2d(F.relu(F.batch_norm(F.conv2d(h, conv.weight, padding=1), bn.running_mean, bn.running_var,
+                                             bn.weight, bn.bias, eps=bn.eps)), 2)
+    tokens = F.conv2d(h, model.patch_embed.proj.weight, model.patch_embed.proj.bias).flatten(2).transpose(1, 2)
+    assert torch.allclose(model.patch_embed(x), tokens, atol=1e-6)
+    assert model(x).shape == (2, 3)
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        model(torch.randn(1, 3, 18, 18))
 
 
 @pytest.mark.parametrize("pool", ["cls", "gap"])

@@ -106,25 +106,27 @@ def hybrid_stages(spec: str) -> int:
     """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages); ``"conv:32,64"`` -> 2 (two 3x3 convolutions)."""
     name, _, n = spec.partition(":")
     if name == "conv":
-        return len(conv_channels(spec))
+        return sum(w != "M" for w in conv_channels(spec))
     if not name.startswith("resnet") or not (n or "3").isdigit() or not 1 <= int(n or 3) <= 4:
         raise ValueError(f"hybrid must look like 'resnet50:3' (a torchvision ResNet and 1-4 stages) or 'conv:32,64' "
                          f"(3x3 convolutions with these widths), got {spec!r}")
     return int(n or 3)
 
 
-def conv_channels(spec: str) -> list[int]:
-    """``"conv:32,64"`` -> [32, 64]."""
-    widths = spec.partition(":")[2].split(",")
-    if not all(w.strip().isdigit() and int(w) > 0 for w in widths):
-        raise ValueError(f"hybrid {spec!r}: expected 'conv:' and positive widths such as 'conv:32,64'")
-    return [int(w) for w in widths]
+def conv_channels(spec: str) -> list[int | str]:
+    """``"conv:32,64"`` -> [32, 64]; ``"conv:64,M,128,M"`` -> [64, "M", 128, "M"] ("M": 2x2 max-pooling, as in
+    torchvision's VGG configurations)."""
+    widths = [w.strip() for w in spec.partition(":")[2].split(",")]
+    if not all(w == "M" or (w.isdigit() and int(w) > 0) for w in widths) or all(w == "M" for w in widths):
+        raise ValueError(f"hybrid {spec!r}: expected 'conv:' and positive widths, optionally with M for 2x2 "
+                         "max-pooling, such as 'conv:32,64' or 'conv:64,M,128,M'")
+    return [w if w == "M" else int(w) for w in widths]
 
 
 def hybrid_stride(spec: str) -> int:
     stages = hybrid_stages(spec)  # also validates the spec
     if spec.startswith("conv:"):
-        return 1  # stride-1 convolutions: the patches are cut from a full-resolution feature map
+        return 2 ** conv_channels(spec).count("M")  # stride-1 convolutions; each max-pooling halves the map
     return 4 * 2 ** (stages - 1)  # stem /4, then each later stage /2
 
 

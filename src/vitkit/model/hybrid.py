@@ -13,9 +13,13 @@ def cnn_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
 
 
 def conv_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
-    """``"conv:32,64"`` -> 3x3 conv-BN-ReLU layers of 32 and 64 channels at stride 1 (full resolution)."""
+    """``"conv:32,64"`` -> 3x3 conv-BN-ReLU layers of 32 and 64 channels at stride 1 (full resolution);
+    an ``M`` in the list is a 2x2 max-pooling (``"conv:64,M,128,M"``: a quarter of the resolution)."""
     layers: list[nn.Module] = []
     for width in conv_channels(spec):
+        if width == "M":
+            layers.append(nn.MaxPool2d(2))
+            continue
         layers += [nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
         in_chans = width
     return nn.Sequential(*layers), in_chans, hybrid_stride(spec)
