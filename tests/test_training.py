@@ -260,3 +260,29 @@ def test_finetune_from_weights_at_a_new_resolution_with_sgd_and_a_lower_body_lr(
     state = torch.load(out / "last" / "train_state.pt", weights_only=True)
     scales = sorted({g["lr_scale"] for g in state["optimizer"]["param_groups"]})
     assert scales == [0.1, 1.0]
+
+
+@pytest.mark.skipif(not any(__import__("shutil").which(c) for c in ("g++", "c++", "clang++")),
+                    reason="Inductor needs a C++ compiler on CPU")
+def test_compiled_training_step_gives_the_eager_loss_and_gradients():
+    # the trainer's compile (on CPU with Inductor's cpp_wrapper) must compute the same step as plain PyTorch
+    import copy
+
+    from vitkit import ViTConfig, VisionTransformer
+    from vitkit.speed import compile_for_training
+
+    torch.manual_seed(0)
+    eager = VisionTransformer(ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=1,
+                                        num_heads=2, hybrid="conv:4"))
+    model = copy.deepcopy(eager)
+    compiled = compile_for_training(model, torch.device("cpu"))
+    assert compiled is not model
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 1])
+    losses = []
+    for m in (eager, compiled):
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), name
