@@ -265,7 +265,7 @@ def test_finetune_from_weights_at_a_new_resolution_with_sgd_and_a_lower_body_lr(
 @pytest.mark.skipif(not any(__import__("shutil").which(c) for c in ("g++", "c++", "clang++")),
                     reason="Inductor needs a C++ compiler on CPU")
 def test_compiled_training_step_gives_the_eager_loss_and_gradients():
-    # the trainer's compile (on CPU with Inductor's cpp_wrapper) must compute the same step as plain PyTorch
+    # the trainer's torch.compile must compute the same step as plain PyTorch
     import copy
 
     from vitkit import ViTConfig, VisionTransformer

@@ -45,14 +45,11 @@ def compile_for_training(model: nn.Module, device: torch.device,
     2,400 img/s on 2 cores; the first epoch then spends ~30-40 s compiling on a cold start, a few seconds once
     Inductor's cache is warm). On CPU, Inductor needs a
     C++ compiler: without one, training goes on uncompiled instead of failing at the first step."""
-    if device.type != "cpu":
-        return torch.compile(model)
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         log("torch.compile skipped: no C++ compiler (g++/clang++) on PATH for Inductor's CPU kernels")
         return model
-    # cpp_wrapper: the step's kernels are called from C++, not from Python, one call each; for the small recipe
-    # models (many short kernels) measured 2,160 vs 2,028 img/s (5-min Fashion-MNIST model, 3 A/B pairs, +6.5%).
-    return torch.compile(model, options={"cpp_wrapper": True})
+    # Inductor's cpp_wrapper was measured and not taken: 0.98x (benchmarks/train_compile_ab.py, round-robin)
+    return torch.compile(model)
 
 
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
