@@ -15,6 +15,7 @@ from vitkit.training.checkpoint import recover_checkpoint, save_checkpoint
 from vitkit.training.config import TrainConfig
 from vitkit.training.trainer import Trainer, TrainingDiverged
 from vitkit.cli.main import main
+from vitkit.speed import has_cxx_compiler
 
 from helpers import cifar_slice, write_digits_folder
 
@@ -262,8 +263,7 @@ def test_finetune_from_weights_at_a_new_resolution_with_sgd_and_a_lower_body_lr(
     assert scales == [0.1, 1.0]
 
 
-@pytest.mark.skipif(not any(__import__("shutil").which(c) for c in ("g++", "c++", "clang++")),
-                    reason="Inductor needs a C++ compiler on CPU")
+@pytest.mark.skipif(not has_cxx_compiler(), reason="Inductor needs a C++ compiler on CPU")
 def test_compiled_training_step_gives_the_eager_loss_and_gradients():
     # the trainer's torch.compile must compute the same step as plain PyTorch
     import copy

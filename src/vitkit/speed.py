@@ -39,13 +39,18 @@ def configure_for_training(model: nn.Module, device: torch.device, precision: st
     set_fused_attention(model, fused_attention_pays_in_training(device, dtype))
 
 
+def has_cxx_compiler() -> bool:
+    """Whether Inductor can build its CPU kernels (it needs a C++ compiler on PATH)."""
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
 def compile_for_training(model: nn.Module, device: torch.device,
                          log: Callable[[str], None] = print) -> nn.Module:
     """torch.compile for a training step (measured in the trainer: the plain patch-7 Fashion-MNIST ViT 2,000 ->
     2,400 img/s on 2 cores; the first epoch then spends ~30-40 s compiling on a cold start, a few seconds once
     Inductor's cache is warm). On CPU, Inductor needs a
     C++ compiler: without one, training goes on uncompiled instead of failing at the first step."""
-    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+    if device.type == "cpu" and not has_cxx_compiler():
         log("torch.compile skipped: no C++ compiler (g++/clang++) on PATH for Inductor's CPU kernels")
         return model
     # Inductor's cpp_wrapper was measured and not taken: 0.98x (benchmarks/train_compile_ab.py, round-robin)
