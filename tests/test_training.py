@@ -174,6 +174,28 @@ def test_time_limit_plan_counts_one_evaluation_per_planned_epoch(tmp_path):
     assert n > 10 * spe  # a short budget is not swallowed by evaluations of the 10,000 recipe epochs
 
 
+def test_time_limit_plan_with_eval_every_counts_one_evaluation_per_n_epochs(tmp_path):
+    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, eval_every=4), log=_quiet, progress=False)
+    t.start_time = time.time()
+    spe = t.steps_per_epoch
+    t._plan_time_limit(sec_per_step=0.01, eval_s=1.0)
+    n = t.total_steps
+    cost = n * 0.01 + math.ceil(n / (4 * spe)) * 1.0 + 1.0  # an evaluation every 4th epoch + the final one
+    assert 50.0 < cost <= 53.2 + 1.0
+
+
+def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_path):
+    r = Trainer(_cfg(epochs=5, eval_every=2, output=str(tmp_path)), log=_quiet, progress=False).fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
+    assert ["val_top1" in r for r in rows] == [False, True, False, True, True]
+    assert all("train_loss" in r and "lr" in r for r in rows)
+    assert r.val_top1 == pytest.approx(rows[-1]["val_top1"], abs=1e-3) and r.val_top1 > 50
+    assert (tmp_path / "curves.png").is_file() and (tmp_path / "best" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="eval_every must be at least 1"):
+        _cfg(eval_every=0)
+
+
 def test_replan_after_the_first_epoch_leaves_the_compiling_out(tmp_path):
     t = Trainer(_cfg(epochs=10_000, time_limit=10.0), log=_quiet, progress=False)
     planned = []
@@ -181,10 +203,12 @@ def test_replan_after_the_first_epoch_leaves_the_compiling_out(tmp_path):
     t0 = 1000.0
     t._probe, t._eval_guess = [(5, t0 + 30.0), (30, t0 + 31.25)], 2.0  # 30 s compiling, then 0.05 s a step
     t.step = 100
-    t._replan_after_epoch(0, t0, train_s=30.0 + 95 * 0.05, eval_s=12.0)  # the evaluation compiled too
+    t._eval_s = 12.0  # the evaluation compiled too
+    t._replan_after_epoch(0, t0, train_s=30.0 + 95 * 0.05)
     assert planned[-1] == pytest.approx((0.05, 2.0))
     t.step = 200  # later epochs: their own time, as measured
-    t._replan_after_epoch(100, t0 + 50.0, train_s=100 * 0.06, eval_s=2.5)
+    t._eval_s = 2.5
+    t._replan_after_epoch(100, t0 + 50.0, train_s=100 * 0.06)
     assert planned[-1] == pytest.approx((0.06, 2.5))
 
 

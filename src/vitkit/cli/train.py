@@ -40,6 +40,7 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--resume",): ("resume", str, "a run folder, or 'auto' (the --output folder if it has a checkpoint)"),
     ("--model-ema-decay",): ("model_ema_decay", float, "EMA decay"),
     ("--eval-batch-size",): ("eval_batch_size", int, "evaluation batch size"),
+    ("--eval-every",): ("eval_every", int, "evaluate every N epochs (the last epoch always)"),
 }
 BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluated and saved)"),
               "--compile": ("compile", "torch.compile the model"),

@@ -18,14 +18,15 @@ def plot_curves(metrics_jsonl: Path, out: Path) -> None:
     rows = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
     if not rows:
         return
-    ep = [r["epoch"] for r in rows]
+    val = [r for r in rows if "val_top1" in r]  # epochs skipped by --eval-every have no validation metrics
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ep, [r["train_loss"] for r in rows], label="train loss")
-    a.plot(ep, [r["val_loss"] for r in rows], label="val loss")
+    a.plot([r["epoch"] for r in rows], [r["train_loss"] for r in rows], label="train loss")
+    a.plot([r["epoch"] for r in val], [r["val_loss"] for r in val], label="val loss")
     a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.set_title("Loss"), a.legend(), a.grid(alpha=0.3)
-    b.plot(ep, [r["val_top1"] for r in rows], color="tab:green", marker="o", ms=3)
+    b.plot([r["epoch"] for r in val], [r["val_top1"] for r in val], color="tab:green", marker="o", ms=3)
     b.set_xlabel("epoch"), b.set_ylabel("top-1 (%)"), b.grid(alpha=0.3)
-    b.set_title(f"Validation top-1 (best {max(r['val_top1'] for r in rows):.2f}%)")
+    if val:
+        b.set_title(f"Validation top-1 (best {max(r['val_top1'] for r in val):.2f}%)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

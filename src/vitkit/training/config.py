@@ -53,6 +53,7 @@ class TrainConfig:
     seed: int = 0
     time_limit: float | None = None  # minutes of wall time for the whole run, evaluation included
     eval_batch_size: int = 512
+    eval_every: int = 1  # epochs between evaluations; the last epoch is always evaluated
     output: str | None = None
     resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
 
@@ -64,7 +65,7 @@ class TrainConfig:
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
-        for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size"):
+        for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "eval_every"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
 

@@ -121,6 +121,7 @@ class Trainer:
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
         self._probe: list[tuple[int, float]] = []  # see train_epoch
         self._eval_guess = math.inf  # seconds an evaluation should take, from the probed training speed
+        self._eval_s: float | None = None  # seconds the last evaluation took
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -1.0, 0.0
         self.prior_elapsed = 0.0
@@ -207,9 +208,10 @@ class Trainer:
         """Fit the remaining schedule into the ``--time-limit`` budget: the cosine ends at the budget."""
         budget = self.cfg.time_limit * 60 - 0.03 * self.cfg.time_limit * 60 - 5  # margin for the final save
         remaining = budget - self.elapsed()
-        # n more steps cost n * sec_per_step plus one evaluation per epoch they span, and the final one:
-        # n * (sec_per_step + eval_s / steps_per_epoch) + eval_s <= remaining
-        affordable = int((remaining - eval_s) / (max(sec_per_step, 1e-6) + eval_s / self.steps_per_epoch))
+        # n more steps cost n * sec_per_step plus one evaluation per eval_every epochs they span, and the final one:
+        # n * (sec_per_step + eval_s / (steps_per_epoch * eval_every)) + eval_s <= remaining
+        per_eval = self.steps_per_epoch * self.cfg.eval_every
+        affordable = int((remaining - eval_s) / (max(sec_per_step, 1e-6) + eval_s / per_eval))
         planned = self.cfg.epochs * self.steps_per_epoch
         self.total_steps = max(self.step, min(planned, self.step + affordable))
         # keep the recipe's shape: warmup shrinks with the schedule
@@ -220,15 +222,16 @@ class Trainer:
             dist.broadcast(t, src=0)
             self.total_steps, self.warmup_steps = int(t[0]), int(t[1])
 
-    def _replan_after_epoch(self, step0: int, t0: float, train_s: float, eval_s: float) -> None:
+    def _replan_after_epoch(self, step0: int, t0: float, train_s: float) -> None:
         """Re-plan from the epoch that just ended (steps step0.. started at t0). The first epoch also compiled the
         training model (~30 s cold for the Fashion-MNIST recipe) and ran the first, warming-up evaluation: its plan
         uses the steps after the probe's mark (step 5) and an evaluation at most as long as the probe's guess.
         (Planning with the compiling in it shrank the schedule, and the LR rose again at the next re-plan.)"""
         first = bool(self._probe) and self._probe[0][0] > step0
         mark_step, mark_t = self._probe[0] if first else (step0, t0)
-        self._plan_time_limit((t0 + train_s - mark_t) / max(self.step - mark_step, 1),
-                              min(eval_s, self._eval_guess) if first else eval_s)
+        guess = self._eval_guess if math.isfinite(self._eval_guess) else 0.0
+        eval_s = guess if self._eval_s is None else min(self._eval_s, self._eval_guess) if first else self._eval_s
+        self._plan_time_limit((t0 + train_s - mark_t) / max(self.step - mark_step, 1), eval_s)
 
     def _agree(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any (stop requests and NaN must stop all ranks together)."""
@@ -306,6 +309,21 @@ class Trainer:
             bar.close()
         return loss_sum / max(seen, 1), seen * self.world / max(time.time() - t0, 1e-6)
 
+    def _eval_due(self) -> bool:
+        """Evaluate every ``eval_every`` epochs, and always after the last one (or when stopping)."""
+        return self.epoch % self.cfg.eval_every == 0 or self.step >= self.total_steps or self.stop_requested
+
+    def _evaluate_and_keep_best(self) -> dict[str, Any]:
+        """Evaluate (timed, for the time-limit plan) and save ``best/`` when top-1 improved."""
+        t = time.time()
+        metrics = self.evaluate()
+        self._eval_s = time.time() - t
+        self.last_top1 = metrics["top1"]
+        if metrics["top1"] > self.best_top1:
+            self.best_top1 = metrics["top1"]
+            self._save("best", with_state=False)
+        return metrics
+
     def evaluate(self) -> dict[str, Any]:
         model = self.ema.module if self.ema is not None else self.model
         return evaluate(model, self.data.val, self.augment, self.model.config.num_classes, self.device,
@@ -319,32 +337,31 @@ class Trainer:
             self.log(self.data.describe())
             self.log(f"model {cfg.model}: {self.model.num_params:,} parameters on {self.device}; "
                      f"{self.steps_per_epoch} steps/epoch, global batch {cfg.batch_size * self.world * cfg.grad_accum}")
-        eval_s = 0.0
         while self.step < self.total_steps and not self.stop_requested:
             t0, step0 = time.time(), self.step
             train_loss, img_s = self.train_epoch()
             train_s = time.time() - t0
             if self.stop_requested and self.batch_in_epoch % (self.steps_per_epoch * cfg.grad_accum):
                 break  # mid-epoch stop: save and leave; --resume continues from this batch
-            t1 = time.time()
-            metrics = self.evaluate()
-            eval_s = time.time() - t1
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            self.last_top1 = metrics["top1"]
+            metrics = self._evaluate_and_keep_best() if self._eval_due() else None
+            self._save("last")
+            if cfg.time_limit and self.step > step0:  # after the saves, so the plan sees what they cost
+                self._replan_after_epoch(step0, t0, train_s)
+                if metrics is None and self._eval_due():  # the re-plan left no time for another epoch
+                    metrics = self._evaluate_and_keep_best()
+                    self._save("last")  # with the final top-1 in its training state
             row = {"epoch": self.epoch, "step": self.step, "train_loss": round(train_loss, 5),
-                   "val_loss": round(metrics["loss"], 5), "val_top1": round(metrics["top1"], 3),
-                   "val_top5": round(metrics["top5"], 3), "lr": self.optimizer.param_groups[0]["lr"],
-                   "img_per_s": round(img_s, 1), "elapsed_s": round(self.elapsed(), 2)}
+                   "lr": self.optimizer.param_groups[0]["lr"], "img_per_s": round(img_s, 1)}
+            said = f"epoch {self.epoch}: train_loss {train_loss:.4f}"
+            if metrics is not None:
+                row.update(val_loss=round(metrics["loss"], 5), val_top1=round(metrics["top1"], 3),
+                           val_top5=round(metrics["top5"], 3))
+                said += f" val_loss {metrics['loss']:.4f} val_top1 {metrics['top1']:.2f}%"
+            row["elapsed_s"] = round(self.elapsed(), 2)
             self._log_epoch(row)
             if self.is_main:
-                self.log(f"epoch {self.epoch}: train_loss {train_loss:.4f} val_loss {metrics['loss']:.4f} "
-                         f"val_top1 {metrics['top1']:.2f}% ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
-            if metrics["top1"] > self.best_top1:
-                self.best_top1 = metrics["top1"]
-                self._save("best", with_state=False)
-            self._save("last")
-            if cfg.time_limit and self.step > step0:
-                self._replan_after_epoch(step0, t0, train_s, eval_s)
+                self.log(f"{said} ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
         if self.stop_requested:
             self._save("last")
             if self.is_main:
