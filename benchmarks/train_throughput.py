@@ -5,7 +5,7 @@ and, where it has the model, timm's).
     python benchmarks/train_throughput.py [--steps 40] [--models 30min 5min tutorial]
 
 Models: ``30min`` is the Fashion-MNIST recipe (conv:32,32 stem, depth 6), ``5min`` its short-budget settings
-(depth 3), ``tutorial`` the issue's reference model (plain patch-7 ViT, width 128, depth 3, no stem).
+(depth 3), ``tutorial`` the issue's reference model (plain patch-7 ViT, width 128, depth 3, no stem, batch 128).
 Prints img/s for each and the ratios. Not a test: numbers, no assertions.
 """
 import argparse
@@ -19,7 +19,8 @@ from vitkit.interop.timm import timm_kwargs
 from vitkit.training.config import TrainConfig, recipe
 from vitkit.training.trainer import build_model
 
-MODELS = {"30min": (None, {}), "5min": (5, {}), "tutorial": (5, {"hybrid": None})}
+# name: (the recipe's --time-limit, model overrides, other TrainConfig overrides)
+MODELS = {"30min": (None, {}, {}), "5min": (5, {}, {}), "tutorial": (5, {"hybrid": None}, {"batch_size": 128})}
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
@@ -30,9 +31,10 @@ args = p.parse_args()
 data = load_dataset(args.dataset)
 print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
 for key in args.models:
-    time_limit, overrides = MODELS[key]
+    time_limit, model_overrides, overrides = MODELS[key]
     r = recipe(args.dataset, time_limit)
-    cfg = TrainConfig(**{**r, "dataset": args.dataset, "model_args": {**r.get("model_args", {}), **overrides}})
+    cfg = TrainConfig(**{**r, **overrides, "dataset": args.dataset,
+                         "model_args": {**r.get("model_args", {}), **model_overrides}})
     print(f"\n[{key}] model: {cfg.model} {cfg.model_args}, batch {cfg.batch_size}")
     ours = vitkit_train_throughput(cfg, data, args.steps)
     print(f"vitkit trainer ({cfg.precision}, compile={cfg.compile}, batch augmentation on tensors):  {ours:8.1f} img/s")
