@@ -196,6 +196,16 @@ def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_pa
         _cfg(eval_every=0)
 
 
+def test_a_schedule_that_has_ended_is_not_replanned(tmp_path):
+    t = Trainer(_cfg(epochs=2, time_limit=1.0), log=_quiet, progress=False)
+    calls = []
+    replan = t._replan_after_epoch
+    t._replan_after_epoch = lambda *a: (calls.append(t.step), replan(*a))
+    r = t.fit()
+    assert calls == [t.steps_per_epoch]  # after epoch 1 only: epoch 2 ended the cosine, so the run ends there
+    assert r.epochs == 2 and t.step == 2 * t.steps_per_epoch
+
+
 def test_replan_after_the_first_epoch_leaves_the_compiling_out(tmp_path):
     t = Trainer(_cfg(epochs=10_000, time_limit=10.0), log=_quiet, progress=False)
     planned = []

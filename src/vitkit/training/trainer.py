@@ -346,7 +346,9 @@ class Trainer:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             metrics = self._evaluate_and_keep_best() if self._eval_due() else None
             self._save("last")
-            if cfg.time_limit and self.step > step0:  # after the saves, so the plan sees what they cost
+            # re-plan after the saves, so the plan sees what they cost; a schedule that has ended stays ended (its
+            # LR is at the end of the cosine: a few more steps there are not worth another evaluation)
+            if cfg.time_limit and step0 < self.step < self.total_steps:
                 self._replan_after_epoch(step0, t0, train_s)
                 if metrics is None and self._eval_due():  # the re-plan left no time for another epoch
                     metrics = self._evaluate_and_keep_best()
