@@ -163,33 +163,25 @@ def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path):
     assert r.val_top1 > 20
 
 
-def test_time_limit_plan_counts_one_evaluation_per_planned_epoch(tmp_path):
-    t = Trainer(_cfg(epochs=10_000, time_limit=1.0), log=_quiet, progress=False)
+@pytest.mark.parametrize("eval_every", [1, 4])
+def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(tmp_path, eval_every):
+    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, eval_every=eval_every), log=_quiet, progress=False)
     t.start_time = time.time()  # nothing spent yet: budget 60 - 0.03 * 60 - 5 = 53.2 s
     spe = t.steps_per_epoch
     t._plan_time_limit(sec_per_step=0.01, eval_s=1.0)
     n = t.total_steps
-    cost = n * 0.01 + math.ceil(n / spe) * 1.0 + 1.0  # training + an evaluation per epoch + the final one
+    # training + an evaluation per eval_every epochs + the final one
+    cost = n * 0.01 + math.ceil(n / (eval_every * spe)) * 1.0 + 1.0
     assert 50.0 < cost <= 53.2 + 1.0  # fills the budget (within one evaluation: the plan counts epochs fractionally)
     assert n > 10 * spe  # a short budget is not swallowed by evaluations of the 10,000 recipe epochs
-
-
-def test_time_limit_plan_with_eval_every_counts_one_evaluation_per_n_epochs(tmp_path):
-    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, eval_every=4), log=_quiet, progress=False)
-    t.start_time = time.time()
-    spe = t.steps_per_epoch
-    t._plan_time_limit(sec_per_step=0.01, eval_s=1.0)
-    n = t.total_steps
-    cost = n * 0.01 + math.ceil(n / (4 * spe)) * 1.0 + 1.0  # an evaluation every 4th epoch + the final one
-    assert 50.0 < cost <= 53.2 + 1.0
 
 
 def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_path):
     r = Trainer(_cfg(epochs=5, eval_every=2, output=str(tmp_path)), log=_quiet, progress=False).fit()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
-    assert ["val_top1" in r for r in rows] == [False, True, False, True, True]
-    assert all("train_loss" in r and "lr" in r for r in rows)
+    assert [row["epoch"] for row in rows] == [1, 2, 3, 4, 5]
+    assert ["val_top1" in row for row in rows] == [False, True, False, True, True]
+    assert all("train_loss" in row and "lr" in row for row in rows)
     assert r.val_top1 == pytest.approx(rows[-1]["val_top1"], abs=1e-3) and r.val_top1 > 50
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "best" / "model.safetensors").is_file()
     with pytest.raises(ValueError, match="eval_every must be at least 1"):

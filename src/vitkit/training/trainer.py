@@ -229,8 +229,10 @@ class Trainer:
         (Planning with the compiling in it shrank the schedule, and the LR rose again at the next re-plan.)"""
         first = bool(self._probe) and self._probe[0][0] > step0
         mark_step, mark_t = self._probe[0] if first else (step0, t0)
-        guess = self._eval_guess if math.isfinite(self._eval_guess) else 0.0
-        eval_s = guess if self._eval_s is None else min(self._eval_s, self._eval_guess) if first else self._eval_s
+        if self._eval_s is None:  # no evaluation yet (--eval-every skipped it): the probe's guess
+            eval_s = self._eval_guess if math.isfinite(self._eval_guess) else 0.0
+        else:
+            eval_s = min(self._eval_s, self._eval_guess) if first else self._eval_s
         self._plan_time_limit((t0 + train_s - mark_t) / max(self.step - mark_step, 1), eval_s)
 
     def _agree(self, flag: bool) -> bool:
