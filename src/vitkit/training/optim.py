@@ -26,7 +26,8 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (or SGD with momentum), fused into one kernel per step on CPU and CUDA: for the 5-minute
-    Fashion-MNIST model AdamW's step takes 0.6 ms fused vs 2.0 ms with the default for-each path."""
+    Fashion-MNIST model AdamW's step takes 0.6 ms fused vs 2.0 ms with the default for-each path, and the whole
+    compiled training step runs at 2,214 vs 2,042 img/s (benchmarks/train_step_ab.py, batch 128)."""
     groups = param_groups(model, cfg)
     fused = next(model.parameters()).device.type in ("cpu", "cuda")
     if cfg.opt == "sgd":
