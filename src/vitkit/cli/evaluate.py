@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from ..training.evaluate import EVAL_BATCH_SIZE
 from .common import add_data_flags, load_data_from_args
 
 
@@ -15,7 +16,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_data_flags(p)
     p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
     p.add_argument("--img-size", type=int, default=None, help="evaluate at another resolution (§3.2 resampling)")
-    p.add_argument("-b", "--batch-size", type=int, default=512)
+    p.add_argument("-b", "--batch-size", type=int, default=EVAL_BATCH_SIZE)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16 weights (vitkit.optimize_for_inference) or exact fp32")
     p.add_argument("--out", default=None, help="folder for eval.json and confusion.png (default CHECKPOINT/eval)")

@@ -11,6 +11,7 @@ import yaml
 
 from ..data.datasets import DATASETS
 from ..model.config import check_keys as check_model_keys
+from .evaluate import EVAL_BATCH_SIZE
 
 
 @dataclass
@@ -52,7 +53,7 @@ class TrainConfig:
     device: str = "auto"
     seed: int = 0
     time_limit: float | None = None  # minutes of wall time for the whole run, evaluation included
-    eval_batch_size: int = 512
+    eval_batch_size: int = EVAL_BATCH_SIZE
     eval_every: int = 1  # epochs between evaluations; the last epoch is always evaluated
     output: str | None = None
     resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
