@@ -65,7 +65,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     from ..training.recipes import choose_recipe
 
     given = {k: v for k, v in vars(args).items()
-             if not k.startswith("model__") and k not in ("command", "_run", "config")}
+             if not k.startswith(("model__", "_")) and k not in ("command", "config")}
     file_cfg = read_yaml(args.config) if args.config else {}
     resume = given.get("resume") or file_cfg.get("resume")
     saved: dict[str, Any] = {}
@@ -156,7 +156,7 @@ def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    start = time.time()
+    start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
 
     from ..training.trainer import Trainer, TrainingDiverged
