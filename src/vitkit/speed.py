@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
 
-from .model.config import ViTConfig
-from .model.vit import Attention, VisionTransformer
+from .model.vit import Attention
 
 
 def set_fused_attention(model: nn.Module, fused: bool) -> None:
@@ -62,66 +55,6 @@ def compile_for_training(model: nn.Module, device: torch.device,
         return model
     # Inductor's cpp_wrapper was measured and not taken: 0.98x (benchmarks/train_compile_ab.py, round-robin)
     return torch.compile(model)
-
-
-class BackgroundCompile:
-    """torch.compile for training without stopping training for it (CPU). A child process compiles the same model
-    for the same batch shape and so fills Inductor's on-disk caches, while the trainer takes its first steps eagerly
-    on one thread fewer (the freed core is the compiler's); once the child is done, the model is compiled here from
-    the warm cache in ~1.5 s instead of ~30 s cold.
-
-    Measured on the 5-minute Fashion-MNIST model, batch 64, cold cache, 2 cores (/work/exp4 in the session notes):
-    compiling in the foreground: 30 s at 0 img/s; in the background: 37 s, the eager steps meanwhile at ~900 img/s
-    on one thread (on two threads beside the compiler: 220 img/s, so one is left free).
-    The graph must be the one the trainer compiles: same ViTConfig, train mode, attention path, batch shape,
-    autocast, thread count (Inductor's cache key); else the compile here is cold, as it would have been anyway."""
-
-    def __init__(self, model: VisionTransformer, batch_shape: tuple[int, ...], precision: str,
-                 log: Callable[[str], None] = print) -> None:
-        self.model, self.log = model, log
-        self.threads = torch.get_num_threads()
-        spec = {"config": model.config.to_dict(), "batch_shape": list(batch_shape), "precision": precision,
-                "threads": self.threads}
-        self._stderr = tempfile.TemporaryFile()
-        code = "import json, sys; from vitkit.speed import _fill_compile_cache as f; f(json.loads(sys.argv[1]))"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], stdout=subprocess.DEVNULL,
-                                     stderr=self._stderr, start_new_session=True)  # a group, with its compilers
-        torch.set_num_threads(max(1, self.threads - 1))
-
-    def done(self) -> bool:
-        return self.proc.poll() is not None
-
-    def result(self) -> nn.Module:
-        """The compiled model, once done() (also if the child failed: then compiled here, cold)."""
-        self.proc.wait()
-        torch.set_num_threads(self.threads)
-        if self.proc.returncode != 0:
-            self._stderr.seek(0)
-            tail = self._stderr.read().decode(errors="replace").strip().splitlines()[-3:]
-            self.log(f"background compile failed (exit {self.proc.returncode}): {' | '.join(tail)}; compiling here")
-        self._stderr.close()
-        return torch.compile(self.model)
-
-    def cancel(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        torch.set_num_threads(self.threads)
-        self._stderr.close()
-
-
-def _fill_compile_cache(spec: dict) -> None:
-    """The child of BackgroundCompile: one compiled training step of a model like the trainer's."""
-    from .training.evaluate import autocast_for
-
-    torch.set_num_threads(spec["threads"])
-    device = torch.device("cpu")
-    model = VisionTransformer(ViTConfig.from_dict(spec["config"])).train()
-    configure_for_training(model, device, spec["precision"])
-    x = torch.randn(spec["batch_shape"])
-    with autocast_for(device, spec["precision"]):
-        loss = nn.functional.cross_entropy(torch.compile(model)(x), torch.zeros(len(x), dtype=torch.long))
-    loss.backward()
 
 
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,

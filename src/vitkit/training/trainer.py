@@ -21,7 +21,7 @@ from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
-from ..speed import BackgroundCompile, compile_for_training, configure_for_training, has_cxx_compiler
+from ..speed import compile_for_training, configure_for_training
 from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluate import autocast_for, evaluate
@@ -112,20 +112,14 @@ class Trainer:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self._background: BackgroundCompile | None = None
-        if cfg.compile and self.device.type == "cpu" and self.world == 1 and has_cxx_compiler():
-            shape = (cfg.batch_size, mc.in_chans, *to_2tuple(mc.img_size))
-            self._background = BackgroundCompile(self.model, shape, cfg.precision, log)
-            log("torch.compile: compiling in a child process; training eagerly meanwhile")
-        elif cfg.compile:
+        if cfg.compile:
             self.train_model = compile_for_training(self.train_model, self.device, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         micro = len(self.sampler) // cfg.batch_size
         self.steps_per_epoch = max(1, micro // cfg.grad_accum)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
-        self._probe: list[tuple[int, float]] = []  # (step, time) at two marks: see _probe_speed
-        self._probe_marks = (5, min(30, self.steps_per_epoch - 1))  # steps 5 on: compile and warm-up are behind us
+        self._probe: list[tuple[int, float]] = []  # (step, time) at steps 5 and 30: see _probe_speed
         self._eval_guess = math.inf  # seconds an evaluation should take, from the probed training speed
         self._eval_s: float | None = None  # seconds the last evaluation took
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
@@ -165,7 +159,6 @@ class Trainer:
         self.best_top1, self.last_top1 = s["best_top1"], s["last_top1"]
         if self.cfg.time_limit:  # keep the plan that fitted the schedule into the budget
             self.total_steps = s["total_steps"]
-            self._probe_marks = ()
         self.prior_elapsed = s["elapsed_s"]
         if s.get("world", 1) != self.world and self.batch_in_epoch:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
@@ -278,8 +271,6 @@ class Trainer:
         for x, y in it:
             if self.step >= self.total_steps:
                 break
-            if self._background is not None and self._background.done():
-                model = self._take_background_compile()
             x, target = self.augment(x, y, train=True, generator=self.gen)
             with autocast_for(self.device, cfg.precision):
                 loss = self.criterion(model(x), target)
@@ -315,30 +306,18 @@ class Trainer:
         return loss_sum / max(seen, 1), seen * self.world / max(time.time() - t0, 1e-6)
 
     def _probe_speed(self) -> None:
-        """A first time-limit plan before the first epoch ends: the training speed between two steps after the
-        compile and warm-up (5 and 30 of the run, or of the compiled model's start when it was compiled in the
-        background), and an evaluation guessed at a third of the time per image."""
+        """A first time-limit plan before the first epoch ends: the training speed between steps 5 and 30 of the run
+        (after the compile and warm-up), and an evaluation guessed at a third of the time per image."""
         probe, cfg = self._probe, self.cfg
-        if not cfg.time_limit or len(probe) == 2 or self.step not in self._probe_marks:
+        if not cfg.time_limit or self.epoch > 0 or len(probe) == 2 or \
+                self.step not in (5, min(30, self.steps_per_epoch - 1)):
             return
-        probe.append((self.step, time.time()))
+        probe.append((self.step, time.time()))  # step 5 on: compile and warm-up are behind us
         if len(probe) == 2:
             sps = (probe[1][1] - probe[0][1]) / (probe[1][0] - probe[0][0])
             img_per_s = cfg.batch_size * cfg.grad_accum * self.world / sps
             self._eval_guess = len(self.data.val) / (3 * img_per_s)
             self._plan_time_limit(sps, self._eval_guess)
-
-    def _take_background_compile(self) -> nn.Module:
-        """The compiled model, now that the background compile is done; the speed is probed again from here."""
-        assert self._background is not None
-        compiled = self._background.result()
-        self._background = None
-        self.train_model = compiled
-        self.log(f"torch.compile: compiled model in use from step {self.step} ({self.elapsed():.0f}s)")
-        if self._probe_marks:  # re-probe: the steps so far ran eagerly
-            self._probe.clear()
-            self._probe_marks = (self.step + 5, self.step + min(30, self.steps_per_epoch - 1))
-        return compiled
 
     def _eval_due(self) -> bool:
         """Evaluate every ``eval_every`` epochs, and always after the last one (or when stopping)."""
@@ -362,13 +341,6 @@ class Trainer:
                         self.rank, self.world)
 
     def fit(self) -> RunResult:
-        try:
-            return self._fit()
-        finally:
-            if self._background is not None:  # a run shorter than the compile, or one that failed
-                self._background.cancel()
-
-    def _fit(self) -> RunResult:
         cfg = self.cfg
         self._open_outputs()
         if self.is_main:
