@@ -25,7 +25,8 @@ args = p.parse_args()
 
 N = 10_000
 device = torch.device("cpu")
-print(f"{torch.get_num_threads()} threads, torch {torch.__version__}; seconds to evaluate {N:,} images, {args.precision}")
+print(f"{torch.get_num_threads()} threads, torch {torch.__version__}; seconds to evaluate {N:,} images "
+      f"({args.precision})")
 for name, minutes, chans, size in [("fashion-mnist", 5, 1, 28), ("fashion-mnist", 30, 1, 28), ("cifar10", 30, 3, 32)]:
     r = recipe(name, minutes)
     model = create_model(r["model"], **{**r["model_args"], "in_chans": chans, "num_classes": 10})

@@ -16,4 +16,5 @@ if [ "${KEEP_CACHE:-0}" != 1 ]; then
 fi
 start=$(date +%s.%N)
 "${cmd[@]}"
-echo "wall: $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$start" "$(date +%s.%N)")"
+end=$(date +%s.%N)
+echo "wall: $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$start" "$end")"

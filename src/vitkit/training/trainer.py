@@ -207,7 +207,7 @@ class Trainer:
     def _plan_time_limit(self, sec_per_step: float, eval_s: float) -> None:
         """Fit the remaining schedule into the ``--time-limit`` budget: the cosine ends at the budget."""
         # The clock starts with the `vitkit train` process. The margin holds the last epoch running slower than
-        # planned, the final save and curves.png (≈1.5 s): 5-minute F-MNIST runs ended 3.5-4.5 s before the budget.
+        # planned, the final save and curves.png (≈1.5 s): 5-minute F-MNIST runs took 294.1-295.5 s of wall time.
         budget = self.cfg.time_limit * 60 * 0.99 - 3
         remaining = budget - self.elapsed()
         # n more steps cost n * sec_per_step plus one evaluation per eval_every epochs they span, and the final one:
