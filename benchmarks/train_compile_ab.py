@@ -7,10 +7,10 @@ instead of Python), timed round-robin. Measured: cpp_wrapper 0.978x, 0.987x, 0.9
 import argparse
 
 import torch
-import torch.nn as nn
 
 import vitkit
 from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.training import bf16_steps_on_one_batch
 from vitkit.speed import configure_for_training
 
 p = argparse.ArgumentParser()
@@ -29,16 +29,7 @@ def trainer_step(options: dict):
     model = vitkit.VisionTransformer(cfg)
     configure_for_training(model, torch.device("cpu"), "bf16")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step_model = torch.compile(model, options=options)
-
-    def run() -> None:
-        for _ in range(args.steps):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = nn.functional.cross_entropy(step_model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return run
+    return bf16_steps_on_one_batch(torch.compile(model, options=options), opt, x, y, args.steps)
 
 
 names = ["torch.compile (Inductor defaults)", "torch.compile, cpp_wrapper=True"]

@@ -8,9 +8,9 @@ image than 128" and "the fused step is faster" in the README come from.
 import argparse
 
 import torch
-import torch.nn as nn
 
 from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.training import bf16_steps_on_one_batch
 from vitkit.model.registry import create_model
 from vitkit.speed import configure_for_training
 from vitkit.training.config import recipe
@@ -31,15 +31,7 @@ def step_fn(batch: int, fused: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     step_model = torch.compile(model)
     x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
-
-    def run() -> None:
-        for _ in range(args.images // batch):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = nn.functional.cross_entropy(step_model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return run
+    return bf16_steps_on_one_batch(step_model, opt, x, y, args.images // batch)
 
 
 variants = [(b, f) for b in (32, 64, 128) for f in (True, False)]

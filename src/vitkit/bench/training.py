@@ -25,6 +25,21 @@ def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60,
     return steps * cfg.batch_size / (time.perf_counter() - start)
 
 
+def bf16_steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                            steps: int) -> Callable[[], None]:
+    """A callable running ``steps`` training steps of ``model`` under bf16 autocast on CPU, all on the batch (x, y):
+    the compute of the trainer's step without its data path, for the A/Bs in benchmarks/train_step_ab.py and
+    benchmarks/train_compile_ab.py."""
+    def run() -> None:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return run
+
+
 class _PilDataset(torch.utils.data.Dataset):
     """The tutorial pipeline: one PIL image at a time through torchvision's ToTensor and Normalize."""
 
