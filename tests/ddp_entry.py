@@ -2,10 +2,12 @@
 
     torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train ...
 """
+import gc
 import os
 import sys
 
 from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
 
 from vitkit.cli.main import main
 from vitkit.training import trainer as trainer_mod
@@ -52,4 +54,12 @@ class Faulty(trainer_mod.Trainer):
 
 
 trainer_mod.Trainer = Faulty
-sys.exit(main(rest))
+code = main(rest)
+# the process group must be torn down with nothing holding it: a DDP wrapper still alive at interpreter shutdown
+# frees the gloo group there, which aborts the process now and then (see cli/train.py: _destroy_process_group)
+gc.collect()
+alive = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+if alive:
+    print(f"ddp_entry: {len(alive)} DistributedDataParallel object(s) outlived `vitkit train`", file=sys.stderr)
+    sys.exit(99)
+sys.exit(code)
