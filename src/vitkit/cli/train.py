@@ -104,10 +104,11 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
 
 def _recipe_for_budget(name: str, time_limit: float | None) -> dict[str, Any]:
     """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed."""
-    from ..training.config import recipe
+    from ..training.config import TrainConfig, recipe
 
     full, short = recipe(name), recipe(name, time_limit)
-    flat = [(k, full.get(k), v) for k, v in short.items() if k != "model_args"] + \
+    defaults = TrainConfig().to_dict()  # a key the recipe leaves to the default (eval_every 1) says so
+    flat = [(k, full.get(k, defaults.get(k)), v) for k, v in short.items() if k != "model_args"] + \
            [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
     changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
     if changed:
