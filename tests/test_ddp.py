@@ -18,7 +18,8 @@ COMMON = ["--epochs", "3", "--crop-padding", "0", "--smoothing", "0", "--lr", "0
 def torchrun(args, nproc=2, max_restarts=0, timeout=240):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", ENTRY, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # tracebacks on aborts
+    # PYTHONFAULTHANDLER: a rank that aborts prints where it was
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
