@@ -15,7 +15,6 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitkit.cli.main import main
 from vitkit.training import trainer as trainer_mod
-from vitkit.training.evaluate import evaluate
 
 DECAYS = (0.998, 0.999, 0.9995)
 
@@ -30,10 +29,10 @@ class PairedEMA(trainer_mod.Trainer):
     def evaluate(self):  # type: ignore[no-untyped-def]
         live = super().evaluate()
         t = time.time()
-        row = {"epoch": self.epoch, "step": self.step, "live": live["top1"]}
+        live_top1 = live["top1"] if self.ema is None else self.evaluate_model(self.model)["top1"]  # --model-ema
+        row = {"epoch": self.epoch, "step": self.step, "live": live_top1}
         for d, e in self.emas.items():
-            row[f"ema_{d}"] = evaluate(e.module, self.data.val, self.augment, self.model.config.num_classes,
-                                       self.device, self.cfg.eval_batch_size, "bf16", self.rank, self.world)["top1"]
+            row[f"ema_{d}"] = self.evaluate_model(e.module)["top1"]
         row["ema_eval_s"] = round(time.time() - t, 2)
         print(json.dumps(row), flush=True)
         with open(sys.argv[1], "a") as f:

@@ -207,7 +207,8 @@ class Trainer:
     def _plan_time_limit(self, sec_per_step: float, eval_s: float) -> None:
         """Fit the remaining schedule into the ``--time-limit`` budget: the cosine ends at the budget."""
         # The clock starts with the `vitkit train` process. The margin holds the last epoch running slower than
-        # planned, the final save and curves.png (≈1.5 s): 5-minute F-MNIST runs took 294.1-295.5 s of wall time.
+        # planned, the final save and curves.png (≈1.5 s): 5-minute F-MNIST runs took 294.1-297.3 s of wall time
+        # (`bash benchmarks/time_to_accuracy.sh fmnist5`, sessions 6-7).
         budget = self.cfg.time_limit * 60 * 0.99 - 3
         remaining = budget - self.elapsed()
         # n more steps cost n * sec_per_step plus one evaluation per eval_every epochs they span, and the final one:
@@ -335,7 +336,10 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> dict[str, Any]:
-        model = self.ema.module if self.ema is not None else self.model
+        return self.evaluate_model(self.ema.module if self.ema is not None else self.model)
+
+    def evaluate_model(self, model: nn.Module) -> dict[str, Any]:
+        """``model`` on the validation split, as the run evaluates its own (batch, precision, ranks)."""
         return evaluate(model, self.data.val, self.augment, self.model.config.num_classes, self.device,
                         self.cfg.eval_batch_size, self.cfg.precision if self.cfg.precision == "bf16" else "fp32",
                         self.rank, self.world)
