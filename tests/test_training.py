@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -324,6 +325,15 @@ def test_the_time_limit_clock_starts_with_the_vitkit_process():
             "print(t0 - process_start_time())")
     lag = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 0.0 <= lag < 1.0  # the interpreter's own start-up (site, encodings) before the first line, not torch's
+
+
+def test_the_time_limit_clock_starts_with_python_when_a_shell_execs_into_vitkit():
+    # /proc's start time is the fork: `bash -c '...; exec vitkit ...'` keeps the shell's, 3 s before Python started
+    code = ("import time; t0 = time.time(); from vitkit.cli.main import process_start_time; "
+            "print(t0 - process_start_time())")
+    shell = f"sleep 3; exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    lag = float(subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True).stdout)
+    assert -1.0 < lag < 1.0, lag  # the old clock: lag ≈ 3 s
 
 
 def test_time_limit_with_grad_accum_probes_each_step_once():

@@ -1,4 +1,7 @@
 """vitkit: the Vision Transformer of "An Image is Worth 16x16 Words", and what it takes to use one."""
+import time as _time
+
+_IMPORT_TIME = _time.time()  # before torch is imported: see cli.main.process_start_time
 from .model import (
     PRESETS,
     ViTConfig,

@@ -37,14 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def process_start_time() -> float:
-    """The wall-clock time this process started (Linux; elsewhere: now), so that ``vitkit train --time-limit``
-    counts Python's and torch's start-up (≈2.5 s) as part of the command's wall time."""
+    """The wall-clock time this process started (Linux; elsewhere: when ``vitkit`` was imported), so that
+    ``vitkit train --time-limit`` counts Python's and torch's start-up (≈2.5 s) as part of the command's wall time.
+
+    /proc's start time is the fork, not the exec: a process that became ``vitkit`` late (``bash -c '...; vitkit
+    train'`` runs its last command in place of the shell, as does ``exec`` in a script) started long before Python
+    did. Python gets from its start to ``import vitkit`` in well under a second, so a start time earlier than that
+    is a fork's, and the import time (torch's import still counted) is used instead."""
+    from .. import _IMPORT_TIME
+
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks after boot
-        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+        started = time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
     except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
+        return _IMPORT_TIME
+    return started if _IMPORT_TIME - started < 1.0 else _IMPORT_TIME
 
 
 def main(argv: list[str] | None = None) -> int:
