@@ -1,10 +1,18 @@
-"""A/B in one process: a training step of the 5-minute Fashion-MNIST model compiled by torch.compile with Inductor's
-defaults (what ``vitkit.speed.compile_for_training`` uses) and with ``cpp_wrapper`` (the step's kernels called from C++
-instead of Python), timed round-robin. Measured: cpp_wrapper 0.978x, 0.987x, 0.984x in three runs -> not used.
+"""A/B in one process: a training step of a Fashion-MNIST model compiled by torch.compile with Inductor's defaults
+(what ``vitkit.speed.compile_for_training`` uses), with ``cpp_wrapper`` (the step's kernels called from C++ instead
+of Python) and with ``mode="max-autotune"`` (Inductor benchmarks its own C++ GEMMs against oneDNN's per matmul),
+timed round-robin; also the time of each variant's compile and first call (the later variants reuse kernels the
+earlier ones put in Inductor's cache, so only the differences are meaningful).
 
-    python benchmarks/train_compile_ab.py [--steps 20] [--repeats 5]
+    python benchmarks/train_compile_ab.py [--depth 3] [--hybrid conv:32,32|none] [--batch 128] [--steps 20]
+
+Measured (2-core AVX-512/AMX CPU): cpp_wrapper 0.978x, 0.987x, 0.984x in three runs of the 5-minute model at batch
+128, 0.983x / 1.002x (``--depth 6``, the 30-minute model) and 1.001x (``--hybrid none``, the issue's tutorial model);
+max-autotune 0.934x (``--depth 6``) and 0.919x (``--hybrid none``), and
+1.00-1.05x in an earlier A/B of the same steps -> neither is used.
 """
 import argparse
+import time
 
 import torch
 
@@ -14,26 +22,35 @@ from vitkit.bench.training import bf16_steps_on_one_batch
 from vitkit.speed import configure_for_training
 
 p = argparse.ArgumentParser()
+p.add_argument("--depth", type=int, default=3, help="3: the 5-minute model, 6: the 30-minute one")
+p.add_argument("--hybrid", default="conv:32,32", help="the conv stem, or 'none' for the plain patch-7 ViT")
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--steps", type=int, default=20, help="training steps per timed call")
 p.add_argument("--repeats", type=int, default=5)
 args = p.parse_args()
 
 torch.manual_seed(0)
-cfg = vitkit.ViTConfig(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=128, depth=3, num_heads=4,
-                       hybrid="conv:32,32")
+cfg = vitkit.ViTConfig(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=128, depth=args.depth,
+                       num_heads=4, hybrid=None if args.hybrid == "none" else args.hybrid)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+VARIANTS = {"torch.compile (Inductor defaults)": {},
+            "torch.compile, cpp_wrapper=True": {"options": {"cpp_wrapper": True}},
+            "torch.compile, mode='max-autotune'": {"mode": "max-autotune"}}
 
 
-def trainer_step(options: dict):
+def trainer_step(compile_kwargs: dict):
     model = vitkit.VisionTransformer(cfg)
     configure_for_training(model, torch.device("cpu"), "bf16")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return bf16_steps_on_one_batch(torch.compile(model, options=options), opt, x, y, args.steps)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # the trainer's optimizer step
+    compiled = torch.compile(model, **compile_kwargs)
+    start = time.perf_counter()
+    bf16_steps_on_one_batch(compiled, opt, x, y, 1)()
+    print(f"compile + first step {time.perf_counter() - start:6.1f} s  {compile_kwargs or 'defaults'}", flush=True)
+    return bf16_steps_on_one_batch(compiled, opt, x, y, args.steps)
 
 
-names = ["torch.compile (Inductor defaults)", "torch.compile, cpp_wrapper=True"]
-fns = [trainer_step({}), trainer_step({"cpp_wrapper": True})]
+fns = [trainer_step(kw) for kw in VARIANTS.values()]
 rates = interleaved_throughput(fns, args.batch * args.steps, warmup=1, repeats=args.repeats)
-for name, r in zip(names, rates):
+print(f"model {cfg.depth=} {cfg.hybrid=}, batch {args.batch}")
+for name, r in zip(VARIANTS, rates):
     print(f"{name:40s} {r:8.1f} img/s   {r / rates[0]:.3f}x")

@@ -1,0 +1,65 @@
+"""Where the time of the trainer's compiled bf16 training step goes, by kind of kernel (torch.profiler, with
+Inductor's per-kernel records on), for a Fashion-MNIST model on a fixed batch; and the step time without the profiler.
+
+    python benchmarks/train_step_profile.py [--depth 3] [--hybrid none|conv:32,32] [--batch 128] [--steps 10]
+
+The defaults are the issue's tutorial model (plain patch-7 ViT, width 128, depth 3, batch 128). Used in the README
+to explain why the trainer is 2.2-2.5x a plain fp32 loop and not 4x. Not a test: numbers, no assertions.
+"""
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+import torch._inductor.config as inductor_config
+from torch.profiler import profile
+
+import vitkit
+from vitkit.bench.training import bf16_steps_on_one_batch
+from vitkit.speed import compile_for_training, configure_for_training
+
+KINDS = {"aten::mm": "matmuls (oneDNN)", "aten::addmm": "matmuls (oneDNN)", "aten::bmm": "matmuls (oneDNN)",
+         "aten::mkldnn_convolution": "convolutions (oneDNN)", "aten::convolution_backward": "convolutions (oneDNN)",
+         "aten::copy_": "copies and casts outside Inductor's kernels", "aten::_fused_adamw_": "AdamW (fused step)"}
+
+p = argparse.ArgumentParser()
+p.add_argument("--depth", type=int, default=3)
+p.add_argument("--hybrid", default="none", help="the conv stem (the recipes: conv:32,32), or 'none'")
+p.add_argument("--batch", type=int, default=128)
+p.add_argument("--steps", type=int, default=10)
+args = p.parse_args()
+
+inductor_config.cpp.enable_kernel_profile = True  # a profiler record per generated C++ kernel
+torch.manual_seed(0)
+cfg = vitkit.ViTConfig(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=128, depth=args.depth,
+                       num_heads=4, hybrid=None if args.hybrid == "none" else args.hybrid)
+model = vitkit.VisionTransformer(cfg)
+configure_for_training(model, torch.device("cpu"), "bf16")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+run = bf16_steps_on_one_batch(compile_for_training(model, torch.device("cpu")), opt, x, y, args.steps)
+run()
+run()
+start = time.perf_counter()
+run()
+step_ms = (time.perf_counter() - start) / args.steps * 1e3
+with profile() as prof:
+    run()
+
+by_kind: dict[str, float] = defaultdict(float)
+inductor: dict[str, float] = {}
+for e in prof.key_averages():
+    ms = e.self_cpu_time_total / 1e3 / args.steps
+    if "cpp_fused" in e.key:
+        by_kind["Inductor's generated kernels (pointwise, norms, softmax)"] += ms
+        inductor[e.key] = ms
+    else:
+        by_kind[KINDS.get(e.key, "everything else (Python, autograd, dispatch)")] += ms
+total = sum(by_kind.values())
+print(f"model depth {cfg.depth}, hybrid {cfg.hybrid}, batch {args.batch}: {step_ms:.1f} ms per step without the "
+      f"profiler ({args.batch / step_ms * 1e3:.0f} img/s), {total:.1f} ms with it")
+for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+    print(f"  {ms:6.2f} ms  {ms / total:5.1%}  {kind}")
+print("largest of Inductor's kernels (ms per step):")
+for name, ms in sorted(inductor.items(), key=lambda kv: -kv[1])[:6]:
+    print(f"  {ms:6.2f} ms  {name[:90]}")
