@@ -8,8 +8,8 @@ earlier ones put in Inductor's cache, so only the differences are meaningful).
 
 Measured (2-core AVX-512/AMX CPU): cpp_wrapper 0.978x, 0.987x, 0.984x in three runs of the 5-minute model at batch
 128, 0.983x / 1.002x (``--depth 6``, the 30-minute model) and 1.001x (``--hybrid none``, the issue's tutorial model);
-max-autotune 0.934x (``--depth 6``) and 0.919x (``--hybrid none``), and
-1.00-1.05x in an earlier A/B of the same steps -> neither is used.
+max-autotune 0.934x (``--depth 6``) and 0.919x (``--hybrid none``), where an earlier ad-hoc A/B of these models
+(not kept) gave 1.00-1.05x -> neither is used.
 """
 import argparse
 import time
