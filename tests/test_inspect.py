@@ -105,3 +105,22 @@ def test_model_level_functions_and_cli_plots(tmp_path):
         assert main(["inspect", kind, "--checkpoint", str(tmp_path / "m"), "--dataset", "digits",
                      "--num-images", "16", "--out", str(out)]) == 0
         assert out.stat().st_size > 5000
+
+
+def test_filters_of_a_hybrid_show_the_stems_first_convolution(tmp_path, capsys):
+    """A hybrid's patch embedding sees CNN channels (here 1x1 over 16), which are no picture: the CLI plots the
+    principal components of the stem's first 3x3 convolution over the RGB pixels instead, and says so."""
+    from vitkit.cli.main import main
+    from vitkit.inspect.analysis import pixel_filters
+
+    model = VisionTransformer(tiny_config(img_size=16, patch_size=1, hybrid="conv:8,M,16,M"))
+    weight, what = pixel_filters(model)
+    assert weight is model.patch_embed.backbone[0].weight and weight.shape == (8, 3, 3, 3)
+    assert "first convolution (conv:8,M,16,M)" in what
+    plain = VisionTransformer(tiny_config())
+    assert pixel_filters(plain)[0] is plain.patch_embed.proj.weight
+    model.save_pretrained(tmp_path / "m", mean=[0.5] * 3, std=[0.25] * 3)
+    out = tmp_path / "filters.png"
+    assert main(["inspect", "filters", "--checkpoint", str(tmp_path / "m"), "--out", str(out)]) == 0
+    assert "sees 16 CNN feature channels, not pixels" in capsys.readouterr().out
+    assert out.stat().st_size > 5000

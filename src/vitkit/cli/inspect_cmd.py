@@ -53,8 +53,12 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "posemb":
         plots.plot_pos_embed_similarity(analysis.pos_embed_similarity(model), out)
     elif args.kind == "filters":
-        comps, var = analysis.patch_embed_filters(model)
-        plots.plot_filters(comps, var, out)
+        weight, what = analysis.pixel_filters(model)
+        if model.config.hybrid:
+            print(f"hybrid model: its patch embedding sees {model.patch_embed.proj.in_channels} CNN feature channels, "
+                  f"not pixels; showing {what}")
+        comps, var = analysis.filter_components(weight)
+        plots.plot_filters(comps, var, out, what)
     elif args.kind == "distance":
         x, _ = _sample_images(args, model, pre, args.num_images)
         dist = analysis.mean_attention_distance(model, x)

@@ -79,6 +79,16 @@ def patch_embed_filters(model, n: int = 28) -> tuple[np.ndarray, np.ndarray]:  #
     return filter_components(model.patch_embed.proj.weight, n)
 
 
+def pixel_filters(model) -> tuple[torch.Tensor, str]:  # type: ignore[no-untyped-def]
+    """The weights of the layer that sees the pixels, and what it is: the patch embedding E (Fig. 7 left), or in a
+    hybrid (§3.1), whose patch embedding sees CNN feature channels rather than an image, the stem's first conv."""
+    backbone = getattr(model.patch_embed, "backbone", None)
+    if backbone is None:
+        return model.patch_embed.proj.weight, "the patch-embedding filters"
+    first = next(m for m in backbone.modules() if isinstance(m, torch.nn.Conv2d))
+    return first.weight, f"the filters of the hybrid stem's first convolution ({model.config.hybrid})"
+
+
 # ------------------------------------------------------------------------------------------------ running a model
 @torch.no_grad()
 def attention_maps(model, images: torch.Tensor) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]

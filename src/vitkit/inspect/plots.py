@@ -143,12 +143,13 @@ def plot_pos_embed_similarity(sim: np.ndarray, out: Path) -> None:
     plt.close(fig)
 
 
-def plot_filters(components: np.ndarray, variance: np.ndarray, out: Path) -> None:
-    """Paper Fig. 7 (left): the principal components of the patch-embedding filters as tiles."""
+def plot_filters(components: np.ndarray, variance: np.ndarray, out: Path,
+                 what: str = "the patch-embedding filters") -> None:
+    """Paper Fig. 7 (left): the principal components of the patch-embedding filters (or ``what``) as tiles."""
     fig, _, panels = _tiles(len(components), 7, 1.4, 1.5)
     for i, ax in panels:
         ax.imshow(_image_for_display(components[i]), cmap="gray" if components.shape[1] == 1 else None)
         ax.set_title(f"{100 * variance[i]:.1f}%", fontsize=7)
-    fig.suptitle("Principal components of the patch-embedding filters (% variance)")
+    fig.suptitle(f"Principal components of {what} (% variance)")
     fig.savefig(out, dpi=100)
     plt.close(fig)
