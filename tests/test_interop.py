@@ -172,6 +172,14 @@ def test_shape_mismatch_names_key_and_shapes():
         from_timm(sd)
 
 
+def test_export_of_a_hybrid_to_timm_names_the_stem():
+    cfg = vitkit.ViTConfig(img_size=16, patch_size=1, num_classes=3, embed_dim=32, depth=1, num_heads=2,
+                           hybrid="conv:8,M,16,M")
+    model = vitkit.VisionTransformer(cfg)
+    with pytest.raises(ValueError, match=r"hybrid='conv:8,M,16,M': hybrid models have no timm equivalent"):
+        to_timm(model)
+
+
 def test_unrecognised_file_lists_supported_formats(tmp_path):
     p = tmp_path / "weights.txt"
     p.write_text("hello")

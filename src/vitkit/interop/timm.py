@@ -51,7 +51,8 @@ def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
 def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:
     """The timm state dict of ``model`` (load it into ``timm.create_model(<same preset>, ...)``)."""
     if model.config.hybrid:
-        raise ValueError("hybrid (torchvision ResNet stem) models have no timm equivalent")
+        raise ValueError(f"hybrid={model.config.hybrid!r}: hybrid models have no timm equivalent (timm's hybrids put "
+                         "its own ResNetV2 before the patch embedding); export safetensors or onnx instead")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
