@@ -76,6 +76,18 @@ def test_cifar_missing_says_how_to_get_it(tmp_path):
         load_dataset("cifar10", str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["cifar10", "fashion-mnist"])
+def test_a_failed_download_names_dataset_and_folder(tmp_path, monkeypatch, name):
+    """--download with the network unreachable: torchvision's sources are pointed at a closed local port, so the
+    test never downloads (and fails the same way with or without internet)."""
+    import torchvision
+
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    with pytest.raises(FileNotFoundError, match=rf"{name}: --download into {tmp_path} failed \(.*\); without internet"):
+        load_dataset(name, str(tmp_path), download=True)
+
+
 def test_folder_of_grayscale_pngs_and_its_zip(tmp_path):
     root = write_digits_folder(tmp_path / "digits", per_class=5, size=16, val_split="test")
     d = load_folder_splits(str(root), cache_dir=str(tmp_path / "cache"))

@@ -4,6 +4,7 @@ Every loader returns :class:`DataSplits` (train + val) of :class:`ImageTensors`.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -12,7 +13,7 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -112,8 +113,9 @@ def load_idx_splits(name: str, data_dir: str | None, download: bool) -> DataSpli
         import torchvision
 
         cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
-        for train in (True, False):
-            cls(str(root), train=train, download=True)
+        with _downloading(name, root, download):
+            for train in (True, False):
+                cls(str(root), train=train, download=True)
     splits = []
     for prefix in ("train", "t10k"):
         x = read_idx(_find_idx(root, f"{prefix}-images-idx3-ubyte"))
@@ -128,6 +130,20 @@ FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sanda
                    "Ankle boot"]
 
 
+@contextlib.contextmanager
+def _downloading(name: str, root: object, download: bool) -> Iterator[None]:
+    """A failed ``--download`` (no network: urllib's URLError, or torchvision's RuntimeError once every MNIST mirror
+    failed) as one message naming the dataset and the folder, instead of urllib's traceback."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        if not download:
+            raise
+        reason = " ".join(str(e).split())  # torchvision's MNIST message spans lines
+        raise FileNotFoundError(f"{name}: --download into {root} failed ({reason}); without internet, put the files "
+                                "there yourself (torchvision's layout) and leave out --download") from None
+
+
 # --------------------------------------------------------------------------------------------- CIFAR
 def load_cifar_splits(name: str, data_dir: str | None, download: bool) -> DataSplits:
     """torchvision's CIFAR format (``cifar-10-batches-py`` / ``cifar-100-python``) under ``data_dir``."""
@@ -136,7 +152,8 @@ def load_cifar_splits(name: str, data_dir: str | None, download: bool) -> DataSp
     cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     root = data_dir or "data"
     try:
-        sets = [cls(root, train=t, download=download) for t in (True, False)]
+        with _downloading(name, root, download):
+            sets = [cls(root, train=t, download=download) for t in (True, False)]
     except RuntimeError as e:
         raise FileNotFoundError(f"{name} not found under {root}: {e} (use --download, or --dataset folder for an "
                                 "ImageFolder copy)") from None
