@@ -76,6 +76,11 @@ def test_cifar_missing_says_how_to_get_it(tmp_path):
         load_dataset("cifar10", str(tmp_path))
 
 
+def test_idx_missing_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"train-images-idx3-ubyte\[\.gz\] not found in .*--download"):
+        load_dataset("mnist", str(tmp_path))
+
+
 @pytest.mark.parametrize("name", ["cifar10", "fashion-mnist"])
 def test_a_failed_download_names_dataset_and_folder(tmp_path, monkeypatch, name):
     """--download with the network unreachable: torchvision's sources are pointed at a closed local port, so the

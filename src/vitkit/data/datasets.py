@@ -103,7 +103,8 @@ def _find_idx(root: Path, stem: str) -> Path:
             p = root / sub / f"{stem}{suffix}"
             if p.is_file():
                 return p
-    raise FileNotFoundError(f"{stem}[.gz] not found in {root} (nor in raw/, MNIST/raw/, FashionMNIST/raw/)")
+    raise FileNotFoundError(f"{stem}[.gz] not found in {root} (nor in raw/, MNIST/raw/, FashionMNIST/raw/): give "
+                            "--data-dir DIR with the IDX files, or --download")
 
 
 def load_idx_splits(name: str, data_dir: str | None, download: bool) -> DataSplits:
