@@ -1,20 +1,11 @@
 #!/usr/bin/env bash
-# Time-to-accuracy from a cold start with the shipped recipes (the README's "Results" table): Inductor's on-disk
-# cache is emptied first (as in every README number; KEEP_CACHE=1 keeps it), and the wall time is printed at the end.
-# usage: bash benchmarks/time_to_accuracy.sh [fmnist5|fmnist30|cifar30|digits]
+# Time-to-accuracy from a cold start with the shipped recipes (the README's "Results" table): `vitkit bench
+# --time-to-accuracy RUN` runs the row's `vitkit train` command in a fresh process with an empty Inductor cache (a new
+# cache folder for that process; KEEP_CACHE=1 keeps the usual one) and prints top-1, epochs and the wall time.
+# usage: bash benchmarks/time_to_accuracy.sh [digits|fmnist5|fmnist30|cifar30] [more vitkit bench flags]
 set -euo pipefail
-case "${1:-digits}" in
-  digits)   cmd=(vitkit train --output runs/tta-digits) ;;
-  fmnist5)  cmd=(vitkit train --dataset fashion-mnist --time-limit 5 --output runs/tta-fmnist5) ;;
-  fmnist30) cmd=(vitkit train --dataset fashion-mnist --time-limit 30 --output runs/tta-fmnist30) ;;
-  cifar30)  cmd=(vitkit train --dataset folder --data-dir ../shared/data/cifar10-jpg.zip --time-limit 30
-                 --output runs/tta-cifar30) ;;
-  *) echo "unknown: $1" >&2; exit 2 ;;
-esac
-if [ "${KEEP_CACHE:-0}" != 1 ]; then
-  rm -rf "${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(whoami)}"
-fi
-start=$(date +%s.%N)
-"${cmd[@]}"
-end=$(date +%s.%N)
-echo "wall: $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$start" "$end")"
+run=${1:-digits}
+shift || true
+extra=()
+if [ "${KEEP_CACHE:-0}" = 1 ]; then extra+=(--keep-cache); fi
+exec vitkit bench --time-to-accuracy "$run" "${extra[@]}" "$@"

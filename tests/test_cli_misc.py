@@ -98,3 +98,32 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
         assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / 300e9)
     assert {r["impl"] for r in result["rows"]} == {"vitkit", "timm"}
     assert "the higher of the two is used" in capsys.readouterr().out
+
+
+def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line(tmp_path, monkeypatch,
+                                                                                          capsys):
+    import json
+
+    user_cache = tmp_path / "my-inductor-cache"
+    user_cache.mkdir()
+    (user_cache / "keep.txt").write_text("mine")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(user_cache))
+    assert main(["bench", "--time-to-accuracy", "digits", "--runs-dir", str(tmp_path / "runs"),
+                 "--json", str(tmp_path / "tta.json")]) == 0
+    (row,) = json.loads((tmp_path / "tta.json").read_text())["rows"]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["val_top1"] == pytest.approx(last["val_top1"], abs=0.005) and row["val_top1"] >= 90
+    assert row["epochs"] == last["epoch"] == 40
+    assert row["wall_s"] >= row["elapsed_s"] > 0 and row["cold_cache"] and row["output"] == str(run_dir)
+    assert (user_cache / "keep.txt").read_text() == "mine"  # the cold start used its own cache folder
+    assert "digits " in capsys.readouterr().out
+
+
+def test_bench_time_to_accuracy_checks_names_and_data_before_running(tmp_path, capsys):
+    assert main(["bench", "--time-to-accuracy", "digits,fmnist7"]) == 2
+    assert "'fmnist7': expected one of digits, fmnist5, fmnist30, cifar30" in capsys.readouterr().err
+    assert main(["bench", "--time-to-accuracy", "digits,cifar30", "--data-dir", str(tmp_path / "no.zip"),
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "cifar30: " + str(tmp_path / "no.zip") + " not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # not even the digits run started

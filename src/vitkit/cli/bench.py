@@ -1,5 +1,6 @@
 """``vitkit bench``: the machine's matmul ceiling, then inference and training img/s of vitkit and its peers
-(timm, Hugging Face, torchvision) on identical weights and inputs, in one process. A table and JSON."""
+(timm, Hugging Face, torchvision) on identical weights and inputs, in one process. A table and JSON.
+``vitkit bench --time-to-accuracy RUN``: the README's cold-start time-to-accuracy rows instead."""
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,20 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-steps", type=int, default=40)
     p.add_argument("--no-infer", action="store_true", help="skip the inference part")
     p.add_argument("--json", default=None, help="write all rows here")
+    p.add_argument("--time-to-accuracy", default=None, metavar="RUN[,RUN]",
+                   help="instead of the throughput runs: the README's time-to-accuracy rows (digits, fmnist5, "
+                        "fmnist30, cifar30), each `vitkit train` with the shipped recipe in a fresh process with an "
+                        "empty Inductor cache; prints top-1, epochs and wall time. Run nothing else on the machine "
+                        "meanwhile")
+    p.add_argument("--data-dir", default=None, help="time-to-accuracy: the dataset (cifar30: default "
+                                                    "../shared/data/cifar10-jpg.zip)")
+    p.add_argument("--runs-dir", default="runs", help="time-to-accuracy: where the run folders go")
+    p.add_argument("--keep-cache", action="store_true", help="time-to-accuracy: keep Inductor's cache (warm start)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.time_to_accuracy:
+        return _time_to_accuracy(args)
     import torch
 
     from ..bench.inference import bench_inference
@@ -65,6 +77,26 @@ def run(args: argparse.Namespace) -> int:
               f"{r['mode']:<17}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
     if args.json:
         Path(args.json).write_text(json.dumps({"ceiling_flop_s": ceiling, "rows": rows}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _time_to_accuracy(args: argparse.Namespace) -> int:
+    from ..bench.tta import time_to_accuracy, train_args
+
+    names = args.time_to_accuracy.split(",")
+    for name in names:  # every name and data path checked before the first run starts
+        train_args(name, args.data_dir)
+    rows = []
+    for name in names:
+        print(f"time to accuracy, {name}:", flush=True)
+        rows.append(time_to_accuracy(name, args.runs_dir, args.data_dir, args.keep_cache))
+    print(f"\n{'run':<10}{'top-1':>8}{'epochs':>8}{'elapsed s':>11}{'wall s':>9}  cache  command")
+    for r in rows:
+        print(f"{r['name']:<10}{r['val_top1']:>7.2f}%{r['epochs']:>8}{r['elapsed_s']:>11.1f}{r['wall_s']:>9.1f}  "
+              f"{'cold' if r['cold_cache'] else 'warm'}   {r['command']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
         print(f"wrote {args.json}")
     return 0
 
