@@ -18,7 +18,7 @@ import torch
 
 import vitkit
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.bench.training import bf16_steps_on_one_batch
+from vitkit.bench.training import bf16_steps_on_one_batch, fashion_mnist_vit_config
 from vitkit.speed import configure_for_training
 
 p = argparse.ArgumentParser()
@@ -30,8 +30,7 @@ p.add_argument("--repeats", type=int, default=5)
 args = p.parse_args()
 
 torch.manual_seed(0)
-cfg = vitkit.ViTConfig(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=128, depth=args.depth,
-                       num_heads=4, hybrid=None if args.hybrid == "none" else args.hybrid)
+cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
 VARIANTS = {"torch.compile (Inductor defaults)": {},
             "torch.compile, cpp_wrapper=True": {"options": {"cpp_wrapper": True}},

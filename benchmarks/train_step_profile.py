@@ -15,7 +15,7 @@ import torch._inductor.config as inductor_config
 from torch.profiler import profile
 
 import vitkit
-from vitkit.bench.training import bf16_steps_on_one_batch
+from vitkit.bench.training import bf16_steps_on_one_batch, fashion_mnist_vit_config
 from vitkit.speed import compile_for_training, configure_for_training
 
 KINDS = {"aten::mm": "matmuls (oneDNN)", "aten::addmm": "matmuls (oneDNN)", "aten::bmm": "matmuls (oneDNN)",
@@ -31,8 +31,7 @@ args = p.parse_args()
 
 inductor_config.cpp.enable_kernel_profile = True  # a profiler record per generated C++ kernel
 torch.manual_seed(0)
-cfg = vitkit.ViTConfig(img_size=28, in_chans=1, num_classes=10, patch_size=7, embed_dim=128, depth=args.depth,
-                       num_heads=4, hybrid=None if args.hybrid == "none" else args.hybrid)
+cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 model = vitkit.VisionTransformer(cfg)
 configure_for_training(model, torch.device("cpu"), "bf16")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)

@@ -10,7 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.datasets import DataSplits
-from ..training.config import TrainConfig
+from ..model.config import ViTConfig
+from ..model.registry import get_config
+from ..training.config import TrainConfig, recipe
 from ..training.trainer import Trainer
 
 
@@ -23,6 +25,15 @@ def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60,
     start = time.perf_counter()
     t.train_epoch()
     return steps * cfg.batch_size / (time.perf_counter() - start)
+
+
+def fashion_mnist_vit_config(depth: int, hybrid: str) -> ViTConfig:
+    """The Fashion-MNIST recipe's ViT (configs/fashion-mnist.yaml) at ``depth`` (3: the 5-minute model, 6: the
+    30-minute one) with the stem ``hybrid`` (``"none"``: the plain patch-7 ViT, the issue's tutorial model), for the
+    training-step benchmarks (benchmarks/train_compile_ab.py, train_step_profile.py)."""
+    r = recipe("fashion-mnist")
+    return get_config(r["model"], **{**r["model_args"], "in_chans": 1, "num_classes": 10, "depth": depth,
+                                     "hybrid": None if hybrid == "none" else hybrid})
 
 
 def bf16_steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,

@@ -32,9 +32,9 @@ def train_args(name: str, data_dir: str | None = None) -> list[str]:
             args[args.index("--data-dir") + 1] = data_dir
         else:
             args += ["--data-dir", data_dir]
-    if "--data-dir" in args and not Path(args[args.index("--data-dir") + 1]).exists():
-        raise FileNotFoundError(f"time-to-accuracy run {name}: {args[args.index('--data-dir') + 1]} not found "
-                                "(give --data-dir)")
+    given = args[args.index("--data-dir") + 1] if "--data-dir" in args else None
+    if given and not Path(given).exists():
+        raise FileNotFoundError(f"time-to-accuracy run {name}: {given} not found (give --data-dir)")
     return args
 
 

@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
         ratio = f"{r['ratio_to_best_peer']:.2f}x" if r["ratio_to_best_peer"] else "-"
         print(f"{r.get('task', 'infer'):<6}{r['model']:<26}{r['batch']:>4} {r['dtype']:<5} {r['impl']:<12}"
               f"{r['mode']:<17}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ceiling_flop_s": ceiling, "rows": rows}, indent=1))
-        print(f"wrote {args.json}")
+    _write_json(args.json, {"ceiling_flop_s": ceiling, "rows": rows})
     return 0
 
 
@@ -95,10 +93,15 @@ def _time_to_accuracy(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['name']:<10}{r['val_top1']:>7.2f}%{r['epochs']:>8}{r['elapsed_s']:>11.1f}{r['wall_s']:>9.1f}  "
               f"{'cold' if r['cold_cache'] else 'warm'}   {r['command']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
-        print(f"wrote {args.json}")
+    _write_json(args.json, {"rows": rows})
     return 0
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    """--json: every row of the run, for scripts."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
 
 
 def _train_rows(steps: int) -> list[dict]:
