@@ -7,9 +7,9 @@ earlier ones put in Inductor's cache, so only the differences are meaningful).
     python benchmarks/train_compile_ab.py [--depth 3] [--hybrid conv:32,32|none] [--batch 128] [--steps 20]
 
 Measured (2-core AVX-512/AMX CPU): cpp_wrapper 0.978x, 0.987x, 0.984x in three runs of the 5-minute model at batch
-128, 0.983x / 1.002x (``--depth 6``, the 30-minute model) and 1.001x (``--hybrid none``, the issue's tutorial model);
-max-autotune 0.934x (``--depth 6``) and 0.919x (``--hybrid none``), where an earlier ad-hoc A/B of these models
-(not kept) gave 1.00-1.05x -> neither is used.
+128 (AdamW for-each step), then 1.056x (defaults), 0.983x / 1.002x (``--depth 6``, the 30-minute model) and 1.001x
+(``--hybrid none``, the issue's tutorial model); max-autotune 0.954x, 0.934x and 0.919x in the same three runs ->
+neither is used.
 """
 import argparse
 import time

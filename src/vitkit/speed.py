@@ -53,7 +53,7 @@ def compile_for_training(model: nn.Module, device: torch.device,
     if device.type == "cpu" and not has_cxx_compiler():
         log("torch.compile skipped: no C++ compiler (g++/clang++) on PATH for Inductor's CPU kernels")
         return model
-    # Inductor's cpp_wrapper and max-autotune were measured and not taken: 0.98-1.00x and 0.92-1.05x
+    # Inductor's cpp_wrapper and max-autotune were measured and not taken: 0.98-1.06x and 0.92-0.95x
     # (benchmarks/train_compile_ab.py, round-robin)
     return torch.compile(model)
 

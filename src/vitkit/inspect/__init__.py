@@ -5,4 +5,5 @@ from .analysis import (attention_maps, attention_rollout, filter_components, mea
                        rollout_from_attentions)
 
 __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "pos_embed_similarity",
-           "patch_embed_filters", "pixel_filters", "filter_components", "rollout_from_attentions", "mean_distance_from_attentions"]
+           "patch_embed_filters", "pixel_filters", "filter_components", "rollout_from_attentions",
+           "mean_distance_from_attentions"]
