@@ -12,7 +12,9 @@ from collections import defaultdict
 
 import torch
 import torch._inductor.config as inductor_config
+import torch.nn.functional as F
 from torch.profiler import profile
+from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.bench.training import bf16_steps_on_one_batch, fashion_mnist_vit_config
@@ -36,6 +38,9 @@ model = vitkit.VisionTransformer(cfg)
 configure_for_training(model, torch.device("cpu"), "bf16")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+with FlopCounterMode(display=False) as flops:  # one forward + backward, counted on the uncompiled model
+    F.cross_entropy(model(x), y).backward()
+model.zero_grad(set_to_none=True)
 run = bf16_steps_on_one_batch(compile_for_training(model, torch.device("cpu")), opt, x, y, args.steps)
 run()
 run()
@@ -57,6 +62,9 @@ for e in prof.key_averages():
 total = sum(by_kind.values())
 print(f"model depth {cfg.depth}, hybrid {cfg.hybrid}, batch {args.batch}: {step_ms:.1f} ms per step without the "
       f"profiler ({args.batch / step_ms * 1e3:.0f} img/s), {total:.1f} ms with it")
+matmul_ms = by_kind["matmuls (oneDNN)"]
+print(f"  {flops.get_total_flops() / 1e9:.2f} GFLOP per step (FlopCounterMode): the matmuls run at "
+      f"≈{flops.get_total_flops() / matmul_ms / 1e6:.0f} GFLOP/s (all of the step's FLOPs over the matmuls' time)")
 for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1]):
     print(f"  {ms:6.2f} ms  {ms / total:5.1%}  {kind}")
 print("largest of Inductor's kernels (ms per step):")
