@@ -1,5 +1,6 @@
-"""A/B in one process: vitkit's eager and compiled inference paths against timm, Hugging Face and torchvision
-with bf16 weights, timed round-robin (each repeat runs every one once), on identical weights and inputs.
+"""A/B in one process: vitkit's eager and compiled inference paths (compiled with and without vitkit's AMX
+attention kernel, vitkit/kernels) against timm, Hugging Face and torchvision with bf16 weights, timed round-robin
+(each repeat runs every one once), on identical weights and inputs.
 
     python benchmarks/inference_compile_ab.py [--model vit_base_patch16_224] [--batch 16] [--repeats 8]
 """
@@ -24,15 +25,17 @@ with torch.no_grad():
 x = torch.randn(args.batch, 3, *vitkit.model.config.to_2tuple(model.config.img_size))
 eager = vitkit.optimize_for_inference(model)
 compiled = vitkit.optimize_for_inference(model, compile=True)
-names = ["vitkit optimize_for_inference", "vitkit optimize_for_inference(compile=True)"]
-fns = [lambda: eager(x), lambda: compiled(x)]
+sdpa_compiled = vitkit.optimize_for_inference(model, compile=True, cpu_kernel=False)
+names = ["vitkit optimize_for_inference", "vitkit optimize_for_inference(compile=True)",
+         "  the same, cpu_kernel=False (PyTorch's SDPA)"]
+fns = [lambda: eager(x), lambda: compiled(x), lambda: sdpa_compiled(x)]
 for peer, make in PEERS.items():
     names.append(f"{peer}, bf16 weights")
     fns.append(_runner(make(model).eval(), x, "bf16-weights"))
 for fn in fns:
     fn()  # compile and warm up before the timed round-robin
 speeds = interleaved_throughput(fns, args.batch, repeats=args.repeats)
-best_peer = max(speeds[2:])
+best_peer = max(speeds[3:])
 print(f"{args.model}, batch {args.batch}, bf16, {torch.get_num_threads()} threads, torch {torch.__version__}")
 for n, s in zip(names, speeds):
     print(f"{n:<46} {s:8.2f} img/s   {s / best_peer:.2f}x the best peer")

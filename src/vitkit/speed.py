@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
+from . import kernels
 from .model.vit import Attention
 
 
@@ -59,10 +60,14 @@ def compile_for_training(model: nn.Module, device: torch.device,
 
 
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
-                           compile: bool = False) -> nn.Module:
+                           compile: bool = False, cpu_kernel: bool | None = None) -> nn.Module:
     """A copy of ``model`` in eval mode for the fastest inference on its device: weights cast to ``dtype``
     (bf16 by default; None keeps fp32), fused attention, and optionally torch.compile.
-    Inputs may be fp32: they are cast on entry."""
+    Inputs may be fp32: they are cast on entry.
+
+    ``cpu_kernel``: run attention with vitkit's AMX kernel (vitkit/kernels) where it applies (bf16 on a CPU with
+    AMX, a C++ compiler at hand); None (default) uses it when compiling, the mode that already pays a start-up cost
+    (building the kernel takes ~25 s once per machine)."""
     device = next(model.parameters()).device
     if dtype == torch.bfloat16 and device.type == "cpu" and not _cpu_has_fast_bf16():
         dtype = None
@@ -72,6 +77,8 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     if dtype is not None:
         m = m.to(dtype)
     set_fused_attention(m, True)  # fused SDPA is the faster inference path on every device we measured
+    if (compile if cpu_kernel is None else cpu_kernel) and dtype == torch.bfloat16 and device.type == "cpu":
+        use_cpu_attention_kernel(m)
     if not compile:
         return _CastInput(m, dtype, torch.inference_mode)
     # The model, not the wrapper, is compiled, and run under no_grad: Dynamo cannot trace under inference_mode.
@@ -81,6 +88,31 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     # eager, torchvision 41.1; without freezing or without max-autotune no gain. Compiling takes ~12-25 s per
     # input shape.
     return _CastInput(torch.compile(m, mode="max-autotune"), dtype, _frozen_no_grad)
+
+
+class KernelAttention(Attention):
+    """Attention whose softmax(q k^T / sqrt(D_h)) v runs in vitkit's AMX kernel (``torch.ops.vitkit.vit_attention``,
+    straight from the qkv linear's output); inference only: training and attention maps take Attention's path.
+    Measured (benchmarks/inference_compile_ab.py, ViT-B/16, batch 16, compiled): see README, Speed."""
+
+    def forward(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if need_weights or self.training:
+            return super().forward(x, need_weights)
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)
+        x = kernels.vit_attention(qkv, self.scale).reshape(B, T, D)
+        return self.proj_drop(self.proj(x)), None
+
+
+def use_cpu_attention_kernel(model: nn.Module) -> int:
+    """Swaps every Attention of ``model`` (bf16 weights, on a CPU) whose head size the kernel takes (a multiple of
+    16) for KernelAttention, if the kernel can be built and loaded here. Returns how many were swapped."""
+    attns = [m for m in model.modules() if type(m) is Attention and (m.qkv.in_features // m.num_heads) % 16 == 0]
+    if not attns or not kernels.load():
+        return 0
+    for m in attns:
+        m.__class__ = KernelAttention  # same parameters and buffers: only forward differs
+    return len(attns)
 
 
 @contextlib.contextmanager

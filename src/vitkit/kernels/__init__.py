@@ -1,0 +1,65 @@
+"""vitkit's one hand-written kernel: multi-head attention for bf16 inference on CPUs with AMX (cpu_attention.cpp).
+
+It is built from source on first use with torch.utils.cpp_extension (a C++ compiler and ninja; ~25 s once, then
+loaded from torch's extension cache in ~1 s) and registered as the operator ``torch.ops.vitkit.vit_attention``,
+which torch.compile treats as one opaque call. Where it cannot be built or the CPU lacks AMX, ``load()`` returns
+False and the model keeps PyTorch's fused attention. ``VITKIT_CPU_KERNELS=0`` turns it off.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+_CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_supported() -> bool:
+    """Linux on an x86 CPU with AVX-512 BF16 and AMX (read from /proc/cpuinfo)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(f in flags for f in _CPU_FLAGS)
+
+
+@functools.cache
+def load(verbose: bool = False) -> bool:
+    """Build (once) and load the kernel; True when ``torch.ops.vitkit.vit_attention`` is ready to use."""
+    if os.environ.get("VITKIT_CPU_KERNELS", "1") == "0" or not cpu_supported():
+        return False
+    from torch.utils import cpp_extension
+
+    from ..speed import has_cxx_compiler
+
+    if not (has_cxx_compiler() and cpp_extension.is_ninja_available()):
+        return False
+    try:
+        cpp_extension.load(
+            name="vitkit_cpu_attention", sources=[str(SOURCE)], is_python_module=False, verbose=verbose,
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+            extra_ldflags=["-fopenmp"])
+    except Exception as e:  # noqa: BLE001 - a failed build must not stop inference: PyTorch's attention is used
+        warnings.warn(f"vitkit: could not build the CPU attention kernel {SOURCE} ({type(e).__name__}: {e}); "
+                      "using PyTorch's attention", stacklevel=2)
+        return False
+
+    @torch.library.register_fake("vitkit::vit_attention")
+    def _(qkv: torch.Tensor, scale: float) -> torch.Tensor:
+        B, T, _, H, D = qkv.shape
+        return qkv.new_empty(B, T, H, D)
+
+    return True
+
+
+def vit_attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v per head, from the qkv linear's output (B, T, 3, H, D) bf16 to (B, T, H, D)."""
+    return torch.ops.vitkit.vit_attention(qkv, scale)
