@@ -1,0 +1,87 @@
+"""vitkit's AMX attention kernel (vitkit/kernels): checked against exact fp32 attention and PyTorch's own bf16
+SDPA on the same inputs. Skipped where it cannot be built (no AMX, no compiler): there the model keeps SDPA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit import kernels
+from vitkit.speed import KernelAttention, use_cpu_attention_kernel
+
+needs_kernel = pytest.mark.skipif(not kernels.load(), reason="the AMX attention kernel cannot be built here")
+
+
+def exact_attention(qkv: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v in fp32, (B, T, 3, H, D) -> (B, T, H, D)."""
+    q, k, v = qkv.float().permute(2, 0, 3, 1, 4).unbind(0)
+    return (torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1) @ v).transpose(1, 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,T,H,D", [(2, 197, 3, 64), (3, 50, 4, 32), (1, 5, 2, 16), (1, 1, 1, 16), (1, 577, 2, 64),
+                                     (2, 65, 2, 80)])
+def test_kernel_matches_exact_attention_as_closely_as_pytorch_sdpa(B, T, H, D):
+    torch.manual_seed(T)
+    qkv = (torch.randn(B, T, 3, H, D) * 2).bfloat16()  # * 2: peaked softmaxes too
+    ref = exact_attention(qkv)
+    out = kernels.vit_attention(qkv, D ** -0.5)
+    assert out.shape == (B, T, H, D) and out.dtype == torch.bfloat16
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    sdpa_err = (F.scaled_dot_product_attention(q, k, v).transpose(1, 2).float() - ref).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 1.5 * sdpa_err + 2e-3, f"kernel {err} vs SDPA {sdpa_err}"
+
+
+@needs_kernel
+def test_kernel_takes_a_strided_qkv_and_refuses_what_it_cannot_do():
+    qkv = torch.randn(2, 9, 3, 2, 32).bfloat16()
+    strided = torch.randn(2, 3, 9, 2, 32).bfloat16().transpose(1, 2)  # same shape, not contiguous
+    err = (kernels.vit_attention(strided, 32 ** -0.5).float() - exact_attention(strided)).abs().max().item()
+    assert err < 0.02
+    with pytest.raises(RuntimeError, match="bf16 CPU tensor .* multiple of 16"):
+        kernels.vit_attention(qkv.float(), 0.2)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.vit_attention(torch.randn(2, 9, 3, 2, 24).bfloat16(), 0.2)
+
+
+@needs_kernel
+def test_compiled_bf16_inference_uses_the_kernel_and_agrees_with_the_fp32_model():
+    model = vitkit.create_model("vit_small_patch16_224", img_size=32, depth=2, num_classes=10).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+        ref = model(x := torch.randn(3, 3, 32, 32))
+    eager = vitkit.optimize_for_inference(model)
+    assert not any(isinstance(m, KernelAttention) for m in eager.modules())  # eager: SDPA unless asked
+    fast = vitkit.optimize_for_inference(model, compile=True)
+    assert sum(isinstance(m, KernelAttention) for m in fast.modules()) == 2
+    out = fast(x)
+    assert out.dtype == torch.float32
+    assert (out - ref).abs().max() <= 2 * (eager(x) - ref).abs().max() + 1e-3  # as close as bf16 SDPA is
+    _, attns = fast.forward_attention(x)  # attention maps take the exact path
+    assert len(attns) == 2 and attns[0].shape == (3, 6, 5, 5)
+    assert not any(isinstance(m, KernelAttention) for m in model.modules())  # the user's model is untouched
+
+
+@needs_kernel
+def test_kernel_attention_trains_and_keeps_head_sizes_it_cannot_take():
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=4).bfloat16()
+    assert use_cpu_attention_kernel(model) == 1
+    model.train()  # training takes Attention's own path (the kernel has no backward)
+    model(torch.randn(2, 3, 32, 32).bfloat16()).float().sum().backward()
+    odd = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, embed_dim=72, num_heads=3)
+    assert use_cpu_attention_kernel(odd) == 0  # head size 24
+
+
+def test_kernel_is_off_without_a_compiler_or_when_turned_off(monkeypatch):
+    import vitkit.speed
+
+    for patch in (lambda m: m.setenv("VITKIT_CPU_KERNELS", "0"),
+                  lambda m: m.setattr(vitkit.speed, "has_cxx_compiler", lambda: False),
+                  lambda m: m.setattr(kernels, "cpu_supported", lambda: False)):
+        kernels.load.cache_clear()
+        with monkeypatch.context() as m:
+            patch(m)
+            assert kernels.load() is False
+            model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
+            assert use_cpu_attention_kernel(model.bfloat16()) == 0
+    kernels.load.cache_clear()
