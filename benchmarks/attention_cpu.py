@@ -1,5 +1,6 @@
 """Attention alone, as ViT-B/16 runs it at batch 16 (12 heads, 197 tokens, head dim 64, bf16): how fast each
-PyTorch path is, next to the matmul speed of the linear layers (README, Speed).
+PyTorch path and vitkit's AMX kernel (vitkit/kernels) are, next to the matmul speed of the linear layers
+(README, Speed).
 
     python benchmarks/attention_cpu.py [--batch 16] [--repeats 5]
 
@@ -41,6 +42,13 @@ paths = {
     "SDPA math backend": math_backend,
     **{f"SDPA, T padded to {t}": (lambda t=t: F.scaled_dot_product_attention(*padded[t])) for t in padded},
 }
+from vitkit import kernels  # noqa: E402
+
+if kernels.load():
+    qkv = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).contiguous()  # (B, T, 3, H, D): the qkv linear's output
+    paths["vitkit's AMX kernel, from the qkv linear's output"] = lambda: kernels.vit_attention(qkv, D ** -0.5)
+else:
+    print("vitkit's AMX attention kernel not available here (no AMX or no C++ compiler)")
 try:
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -55,7 +63,8 @@ with torch.no_grad():
     for name, f in paths.items():
         f()  # warm-up (and compile)
         if "padded" not in name:
-            err = (f().float() - ref).abs().max().item()
+            out = f().float()
+            err = (out.transpose(1, 2) if "qkv" in name else out).sub(ref).abs().max().item()
             assert err < 0.05, f"{name}: max abs difference {err} from the exact path"
     for _ in range(args.repeats):
         for name, f in paths.items():
