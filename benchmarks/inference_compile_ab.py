@@ -26,16 +26,17 @@ x = torch.randn(args.batch, 3, *vitkit.model.config.to_2tuple(model.config.img_s
 eager = vitkit.optimize_for_inference(model)
 compiled = vitkit.optimize_for_inference(model, compile=True)
 sdpa_compiled = vitkit.optimize_for_inference(model, compile=True, cpu_kernel=False)
+eager_kernel = vitkit.optimize_for_inference(model, cpu_kernel=True)
 names = ["vitkit optimize_for_inference", "vitkit optimize_for_inference(compile=True)",
-         "  the same, cpu_kernel=False (PyTorch's SDPA)"]
-fns = [lambda: eager(x), lambda: compiled(x), lambda: sdpa_compiled(x)]
+         "  the same, cpu_kernel=False (PyTorch's SDPA)", "vitkit optimize_for_inference(cpu_kernel=True)"]
+fns = [lambda: eager(x), lambda: compiled(x), lambda: sdpa_compiled(x), lambda: eager_kernel(x)]
 for peer, make in PEERS.items():
     names.append(f"{peer}, bf16 weights")
     fns.append(_runner(make(model).eval(), x, "bf16-weights"))
 for fn in fns:
     fn()  # compile and warm up before the timed round-robin
 speeds = interleaved_throughput(fns, args.batch, repeats=args.repeats)
-best_peer = max(speeds[3:])
+best_peer = max(speeds[4:])
 print(f"{args.model}, batch {args.batch}, bf16, {torch.get_num_threads()} threads, torch {torch.__version__}")
 for n, s in zip(names, speeds):
     print(f"{n:<46} {s:8.2f} img/s   {s / best_peer:.2f}x the best peer")

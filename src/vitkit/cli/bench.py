@@ -16,8 +16,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default="timm,hf,torchvision")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time the torch.compile'd vitkit model (max-autotune + freezing; ~15-25 s to compile "
-                        "per model, batch and dtype); --no-compile to skip")
+                   help="also time the torch.compile'd vitkit model (max-autotune + freezing, and for bf16 on an AMX "
+                        "CPU vitkit's attention kernel, built once in ~22 s; ~15-25 s to compile per model, batch "
+                        "and dtype); --no-compile to skip")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput part")
     p.add_argument("--train-steps", type=int, default=40)
     p.add_argument("--no-infer", action="store_true", help="skip the inference part")
