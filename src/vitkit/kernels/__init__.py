@@ -1,13 +1,14 @@
 """vitkit's one hand-written kernel: multi-head attention for bf16 inference on CPUs with AMX (cpu_attention.cpp).
 
-It is built from source on first use with torch.utils.cpp_extension (a C++ compiler and ninja; ~25 s once, then
-loaded from torch's extension cache in ~1 s) and registered as the operator ``torch.ops.vitkit.vit_attention``,
+It is built from source on first use with torch.utils.cpp_extension (a C++ compiler and ninja; ~21 s once per
+machine, then loaded from torch's extension cache in ~0.05 s) and registered as the operator ``torch.ops.vitkit.vit_attention``,
 which torch.compile treats as one opaque call. Where it cannot be built or the CPU lacks AMX, ``load()`` returns
 False and the model keeps PyTorch's fused attention. ``VITKIT_CPU_KERNELS=0`` turns it off.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -19,16 +20,26 @@ SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 _CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
+def _cpu_flags() -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        return next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 def cpu_supported() -> bool:
     """Linux on an x86 CPU with AVX-512 BF16 and AMX (read from /proc/cpuinfo)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return all(f in flags for f in _CPU_FLAGS)
+
+
+def _build_name() -> str:
+    """The extension's name in torch's cache, one per CPU feature set: it is built with -march=native, so a cache
+    shared between machines never hands one CPU another's build."""
+    return "vitkit_cpu_attention_" + hashlib.sha256(" ".join(sorted(_cpu_flags())).encode()).hexdigest()[:10]
 
 
 @functools.cache
@@ -44,7 +55,7 @@ def load(verbose: bool = False) -> bool:
         return False
     try:
         cpp_extension.load(
-            name="vitkit_cpu_attention", sources=[str(SOURCE)], is_python_module=False, verbose=verbose,
+            name=_build_name(), sources=[str(SOURCE)], is_python_module=False, verbose=verbose,
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
             extra_ldflags=["-fopenmp"])
     except Exception as e:  # noqa: BLE001 - a failed build must not stop inference: PyTorch's attention is used
