@@ -1,9 +1,10 @@
 """vitkit's one hand-written kernel: multi-head attention for bf16 inference on CPUs with AMX (cpu_attention.cpp).
 
 It is built from source on first use with torch.utils.cpp_extension (a C++ compiler and ninja; ~21 s once per
-machine, then loaded from torch's extension cache in ~0.05 s) and registered as the operator ``torch.ops.vitkit.vit_attention``,
-which torch.compile treats as one opaque call. Where it cannot be built or the CPU lacks AMX, ``load()`` returns
-False and the model keeps PyTorch's fused attention. ``VITKIT_CPU_KERNELS=0`` turns it off.
+machine, then loaded from torch's extension cache in ~0.05 s) and registered as the operator
+``torch.ops.vitkit.vit_attention``, which torch.compile treats as one opaque call. Where it cannot be built or the
+CPU lacks AMX, ``load()`` returns False and the model keeps PyTorch's fused attention. ``VITKIT_CPU_KERNELS=0``
+turns it off.
 """
 from __future__ import annotations
 
