@@ -11,7 +11,7 @@ import torch
 from ..model.config import to_2tuple
 from ..model.registry import create_model
 from ..model.vit import VisionTransformer, flops_per_image
-from ..speed import optimize_for_inference
+from ..speed import KernelAttention, optimize_for_inference
 from .timing import interleaved_throughput
 
 
@@ -109,7 +109,9 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
 
     for compiled in (False, True) if compile else (False,):
         fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compiled)
-        add("vitkit", "optimized" + ("+compile" if compiled else ""), lambda fast=fast: fast(x))
+        kernel = any(isinstance(m, KernelAttention) for m in fast.modules())  # vitkit's AMX attention kernel
+        add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else ""),
+            lambda fast=fast: fast(x))
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
     for peer in peers:
         m = PEERS[peer](model)
@@ -124,5 +126,5 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
     for (impl, mode, _, err), r in zip(runners, speeds):
         rows.append({"model": name, "batch": batch, "dtype": dtype, "impl": impl, "mode": mode, "img_s": r,
                      "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
-        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<16} {r:8.2f} img/s")
+        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<24} {r:8.2f} img/s")
     return rows

@@ -70,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
         r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
         flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
         r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r["dtype"] == "bf16" else "fp32"]
-    print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<17}{'img/s':>9} "
+    print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<27}{'img/s':>9} "
           f"{'vs best peer':>13} {'of ceiling':>11}")
     for r in rows:
         ratio = f"{r['ratio_to_best_peer']:.2f}x" if r["ratio_to_best_peer"] else "-"
         print(f"{r.get('task', 'infer'):<6}{r['model']:<26}{r['batch']:>4} {r['dtype']:<5} {r['impl']:<12}"
-              f"{r['mode']:<17}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
+              f"{r['mode']:<27}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
     _write_json(args.json, {"ceiling_flop_s": ceiling, "rows": rows})
     return 0
 
