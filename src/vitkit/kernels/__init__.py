@@ -64,6 +64,10 @@ def load(verbose: bool = False) -> bool:
                       "using PyTorch's attention", stacklevel=2)
         return False
 
+    init_amx = getattr(torch._C._cpu, "_init_amx", None)  # Linux: ask the kernel for AMX's tile state
+    if init_amx is not None and not init_amx():
+        return False
+
     @torch.library.register_fake("vitkit::vit_attention")
     def _(qkv: torch.Tensor, scale: float) -> torch.Tensor:
         B, T, _, H, D = qkv.shape
