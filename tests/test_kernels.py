@@ -85,3 +85,19 @@ def test_kernel_is_off_without_a_compiler_or_when_turned_off(monkeypatch):
             model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1)
             assert use_cpu_attention_kernel(model.bfloat16()) == 0
     kernels.load.cache_clear()
+
+
+@needs_kernel
+def test_other_amx_users_still_agree_after_the_kernel():
+    # the kernel drives AMX tiles itself: oneDNN's matmuls and ATen's flash attention (cached brgemm) must still
+    # configure their own tiles afterwards, alternating with it
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 197, 3, 4, 64).bfloat16()
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    a, b = torch.randn(300, 768).bfloat16(), torch.randn(768, 512).bfloat16()
+    mm_ref, sdpa_ref = (a.float() @ b.float()), F.scaled_dot_product_attention(q, k, v).float()
+    for _ in range(3):
+        kernels.vit_attention(qkv, 0.125)
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v).float(), sdpa_ref)
+        kernels.vit_attention(qkv, 0.125)
+        assert ((a @ b).float() - mm_ref).abs().max() <= 0.01 * mm_ref.abs().max()
