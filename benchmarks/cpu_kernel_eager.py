@@ -10,26 +10,26 @@ import torch
 
 import vitkit
 from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.training import recipe_vit_config
+from vitkit.model.registry import get_config
 
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=6)
 args = p.parse_args()
 
-MODELS = {  # name: (create_model arguments, batch, input shape)
-    "Fashion-MNIST 30-minute recipe": (dict(model="vit_micro_patch4_32", img_size=28, patch_size=7, embed_dim=128,
-                                            depth=6, num_heads=4, hybrid="conv:32,32", in_chans=1), 256, (1, 28, 28)),
-    "CIFAR-10 recipe": (dict(model="vit_micro_patch4_32", img_size=32, patch_size=1, embed_dim=256, depth=4,
-                             num_heads=8, hybrid="conv:64,64,M,128,128,M"), 256, (3, 32, 32)),
-    "ViT-S/16": (dict(model="vit_small_patch16_224"), 16, (3, 224, 224)),
-    "ViT-B/16": (dict(model="vit_base_patch16_224"), 16, (3, 224, 224)),
+MODELS = {  # name: (config, batch); the recipes' models read from their configs/*.yaml
+    "Fashion-MNIST 30-minute recipe": (recipe_vit_config("fashion-mnist", in_chans=1, num_classes=10), 256),
+    "CIFAR-10 recipe": (recipe_vit_config("cifar10", num_classes=10), 256),
+    "ViT-S/16": (get_config("vit_small_patch16_224", num_classes=10), 16),
+    "ViT-B/16": (get_config("vit_base_patch16_224", num_classes=10), 16),
 }
 torch.manual_seed(0)
 print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, bf16 weights, eager")
-for name, (kwargs, batch, shape) in MODELS.items():
-    model = vitkit.create_model(kwargs.pop("model"), num_classes=10, **kwargs).eval()
+for name, (cfg, batch) in MODELS.items():
+    model = vitkit.VisionTransformer(cfg).eval()
     with torch.no_grad():
         model.head.weight.normal_(0, 0.02)
-    x = torch.randn(batch, *shape)
+    x = torch.randn(batch, cfg.in_chans, *vitkit.model.config.to_2tuple(cfg.img_size))
     sdpa, kernel = vitkit.optimize_for_inference(model), vitkit.optimize_for_inference(model, cpu_kernel=True)
     diff = (sdpa(x) - kernel(x)).abs().max().item()
     s = interleaved_throughput([lambda: sdpa(x), lambda: kernel(x)], batch, repeats=args.repeats)

@@ -27,13 +27,19 @@ def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60,
     return steps * cfg.batch_size / (time.perf_counter() - start)
 
 
+def recipe_vit_config(dataset: str, **overrides: Any) -> ViTConfig:
+    """The ViT of the shipped recipe configs/<dataset>.yaml (its full-budget settings), with ``overrides`` (e.g. the
+    dataset's ``in_chans`` and ``num_classes``, which the trainer takes from the data), for the benchmarks."""
+    r = recipe(dataset)
+    return get_config(r["model"], **{**r["model_args"], **overrides})
+
+
 def fashion_mnist_vit_config(depth: int, hybrid: str) -> ViTConfig:
     """The Fashion-MNIST recipe's ViT (configs/fashion-mnist.yaml) at ``depth`` (3: the 5-minute model, 6: the
     30-minute one) with the stem ``hybrid`` (``"none"``: the plain patch-7 ViT, the issue's tutorial model), for the
     training-step benchmarks (benchmarks/train_compile_ab.py, train_step_profile.py)."""
-    r = recipe("fashion-mnist")
-    return get_config(r["model"], **{**r["model_args"], "in_chans": 1, "num_classes": 10, "depth": depth,
-                                     "hybrid": None if hybrid == "none" else hybrid})
+    return recipe_vit_config("fashion-mnist", in_chans=1, num_classes=10, depth=depth,
+                             hybrid=None if hybrid == "none" else hybrid)
 
 
 def bf16_steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
