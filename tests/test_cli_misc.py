@@ -60,7 +60,8 @@ def test_optimize_for_inference_with_compile_runs_and_agrees():
     assert len(attns) == 2 and attns[0].shape == (2, 6, 5, 5) and fast.config.depth == 2
 
 
-def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights():
+def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights(monkeypatch):
+    from vitkit import speed
     from vitkit.bench.inference import bench_inference
 
     rows = bench_inference("vit_tiny_patch16_224", 2, "fp32", ("timm", "hf", "torchvision"), repeats=2,
@@ -68,9 +69,13 @@ def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights():
     assert [(r["impl"], r["mode"]) for r in rows] == [("vitkit", "optimized"), ("timm", "fp32"), ("hf", "fp32"),
                                                       ("torchvision", "fp32")]
     assert all(r["img_s"] > 0 and r["max_abs_diff"] < 1e-3 for r in rows)  # the same model in every library
-    bf16 = bench_inference("vit_tiny_patch16_224", 2, "bf16", ("timm",), repeats=1, log=lambda s: None,
-                           img_size=32, depth=1)
-    assert [r["mode"] for r in bf16] == ["optimized", "bf16-autocast", "bf16-weights"]
+    for native, mode, compute in ((True, "optimized", "bf16"), (False, "optimized, fp32", "fp32")):
+        monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
+        bf16 = bench_inference("vit_tiny_patch16_224", 2, "bf16", ("timm",), repeats=1, log=lambda s: None,
+                               img_size=32, depth=1)
+        # without native bf16, vitkit's "bf16" row says it runs fp32 weights (its ceiling is then fp32's)
+        assert [(r["mode"], r["compute"]) for r in bf16] == [(mode, compute), ("bf16-autocast", "bf16"),
+                                                             ("bf16-weights", "bf16")]
 
 
 def test_interleaved_throughput_times_each_function_in_turn():
@@ -98,6 +103,26 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
         assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / 300e9)
     assert {r["impl"] for r in result["rows"]} == {"vitkit", "timm"}
     assert "the higher of the two is used" in capsys.readouterr().out
+
+
+def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_against_the_fp32_ceiling(
+        tmp_path, capsys, monkeypatch):
+    import json
+
+    import vitkit.bench.timing as timing
+    from vitkit import speed
+
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype: 300e9 if dtype == torch.float32 else 60e9)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "bf16", "--peers",
+                 "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"optimized, fp32", "bf16-autocast", "bf16-weights"}
+    for mode, r in rows.items():
+        ceiling = 300e9 if mode == "optimized, fp32" else 60e9
+        assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / ceiling)
+    assert "this CPU has no native bf16" in capsys.readouterr().out
 
 
 def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line(tmp_path, monkeypatch,

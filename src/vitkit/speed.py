@@ -64,14 +64,15 @@ def compile_for_training(model: nn.Module, device: torch.device,
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
                            compile: bool = False, cpu_kernel: bool | None = None) -> nn.Module:
     """A copy of ``model`` in eval mode for the fastest inference on its device: weights cast to ``dtype``
-    (bf16 by default; None keeps fp32), fused attention, and optionally torch.compile.
+    (bf16 by default; None keeps fp32; a CPU without native bf16 keeps fp32 too, see cpu_has_native_bf16), fused
+    attention, and optionally torch.compile.
     Inputs may be fp32: they are cast on entry.
 
     ``cpu_kernel``: run attention with vitkit's AMX kernel (vitkit/kernels) where it applies (bf16 on a CPU with
     AMX, a C++ compiler at hand); None (default) uses it when compiling, the mode that already pays a start-up cost
     (building the kernel takes ~22 s once per machine)."""
     device = next(model.parameters()).device
-    if dtype == torch.bfloat16 and device.type == "cpu" and not _cpu_has_fast_bf16():
+    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
         dtype = None
     m = copy.deepcopy(model).eval()
     for p in m.parameters():
@@ -154,6 +155,28 @@ def _uncompiled(m: nn.Module) -> nn.Module:
     return getattr(m, "_orig_mod", m)
 
 
-def _cpu_has_fast_bf16() -> bool:
-    caps = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
-    return "AVX512" in caps.upper() or "AMX" in caps.upper()
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (x86 AVX512-BF16 or AMX). Without them oneDNN still runs bf16
+    matmuls, converting to fp32 inside: on a 2-core AVX-512 CPU without either (Xeon, hypervisor-masked), a 4096^3
+    matmul ran at 61 GFLOP/s in bf16 vs 305 in fp32 (``vitkit bench``'s ceiling line), so bf16 is only a speed trick
+    where this is True."""
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` -> bf16 where the device computes in bf16 natively (a CUDA GPU that supports it, a CPU with
+    AVX512-BF16/AMX), else fp32; any other value as given."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_native_bf16() else "fp32"
+
+
+def precision_note(precision: str, device: torch.device) -> str | None:
+    """A warning for bf16 asked for on a CPU that emulates it (~5x slower matmuls than fp32 there)."""
+    if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        return ("note: this CPU has no native bf16 (AVX512-BF16/AMX): bf16 matmuls are emulated, ~5x slower than "
+                "fp32 here; --precision auto or fp32 is faster")
+    return None

@@ -96,22 +96,23 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
     x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size))
     with torch.inference_mode():
         want = model(x)
-    runners: list[tuple[str, str, Callable[[], Any], float]] = []
+    runners: list[tuple[str, str, Callable[[], Any], float, str]] = []
 
-    def add(impl: str, mode: str, fn: Callable[[], Any]) -> None:
+    def add(impl: str, mode: str, fn: Callable[[], Any], compute: str = dtype) -> None:
         out = fn()  # also the first warm-up (and the compilation of a compiled model)
         logits = out.float() if isinstance(out, torch.Tensor) else out
         err = float((logits - want).abs().max())
         tol = 1e-3 if dtype == "fp32" else 0.5
         if err > tol:  # proves the peers run the same weights; bf16 only roughly agrees
             raise RuntimeError(f"{impl} ({mode}) disagrees with vitkit by {err:.3g}: not the same model")
-        runners.append((impl, mode, fn, err))
+        runners.append((impl, mode, fn, err, compute))
 
     for compiled in (False, True) if compile else (False,):
         fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compiled)
         kernel = any(isinstance(m, KernelAttention) for m in fast.modules())  # vitkit's AMX attention kernel
-        add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else ""),
-            lambda fast=fast: fast(x))
+        fp32_here = dtype == "bf16" and fast.dtype is None  # a CPU without native bf16: fp32 is faster
+        add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else "")
+            + (", fp32" if fp32_here else ""), lambda fast=fast: fast(x), "fp32" if fp32_here else dtype)
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
     for peer in peers:
         m = PEERS[peer](model)
@@ -121,10 +122,10 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         for mode in modes:
             add(peer, mode, _runner(m, x, mode))
     # interleaved: every repeat times each implementation once, so a machine that drifts affects all alike
-    speeds = interleaved_throughput([fn for _, _, fn, _ in runners], batch, repeats=repeats)
+    speeds = interleaved_throughput([fn for _, _, fn, _, _ in runners], batch, repeats=repeats)
     rows = []
-    for (impl, mode, _, err), r in zip(runners, speeds):
-        rows.append({"model": name, "batch": batch, "dtype": dtype, "impl": impl, "mode": mode, "img_s": r,
-                     "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
+    for (impl, mode, _, err, compute), r in zip(runners, speeds):
+        rows.append({"model": name, "batch": batch, "dtype": dtype, "compute": compute, "impl": impl, "mode": mode,
+                     "img_s": r, "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
         log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<24} {r:8.2f} img/s")
     return rows

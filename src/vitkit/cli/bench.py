@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.inference import bench_inference
     from ..bench.timing import matmul_ceiling
+    from ..speed import cpu_has_native_bf16
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}")
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         return c
 
     ceiling = measure_ceiling("")
+    if not cpu_has_native_bf16():
+        print("this CPU has no native bf16 (AVX512-BF16/AMX): vitkit's bf16 rows run in fp32 (marked 'fp32'), which "
+              "optimize_for_inference and `precision: auto` choose here; compare like with like in the fp32 rows")
     rows = []
     if not args.no_infer:
         for name in args.models.split(","):
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                                                                          r.get("task"))]
         r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
         flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
-        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r["dtype"] == "bf16" else "fp32"]
+        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r.get("compute", r["dtype"]) == "bf16" else "fp32"]
     print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<27}{'img/s':>9} "
           f"{'vs best peer':>13} {'of ceiling':>11}")
     for r in rows:
@@ -115,6 +119,7 @@ def _train_rows(steps: int) -> list[dict]:
     from ..data.datasets import load_dataset
     from ..interop.timm import timm_kwargs
     from ..model.vit import flops_per_image
+    from ..speed import resolve_precision
     from ..training.config import TrainConfig, recipe
     from ..training.trainer import build_model
 
@@ -130,23 +135,25 @@ def _train_rows(steps: int) -> list[dict]:
     gf = flops_per_image(model.config) / 1e9
     rows = []
 
-    def row(impl: str, mode: str, img_s: float, dtype: str) -> None:
-        rows.append({"task": "train", "model": f"{name}-recipe-vit", "batch": cfg.batch_size, "dtype": dtype,
-                     "impl": impl, "mode": mode, "img_s": img_s, "gflop_per_img": gf})
+    precision = resolve_precision(cfg.precision, torch.device("cpu"))  # the recipe's "auto", as the trainer does
+
+    def row(impl: str, mode: str, img_s: float, compute: str) -> None:  # all grouped under the trainer's precision
+        rows.append({"task": "train", "model": f"{name}-recipe-vit", "batch": cfg.batch_size, "dtype": precision,
+                     "compute": compute, "impl": impl, "mode": mode, "img_s": img_s, "gflop_per_img": gf})
         print(f"  train {name}-recipe-vit b{cfg.batch_size} {impl:<11} {mode:<22} {img_s:8.1f} img/s")
 
-    row("vitkit", f"trainer ({cfg.precision})", vitkit_train_throughput(cfg, data, steps), cfg.precision)
+    row("vitkit", f"trainer ({precision})", vitkit_train_throughput(cfg, data, steps), precision)
     try:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:
         return rows
-    for precision in ("fp32", "bf16"):
+    for loop_precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         ref = TimmViT(**timm_kwargs(model.config))
-        row("timm", f"plain loop ({precision})",
-            plain_loop_throughput(ref, data, cfg.batch_size, steps, precision, pil=False), cfg.precision)
+        row("timm", f"plain loop ({loop_precision})",
+            plain_loop_throughput(ref, data, cfg.batch_size, steps, loop_precision, pil=False), loop_precision)
     torch.manual_seed(0)
     ref = TimmViT(**timm_kwargs(model.config))
     row("timm", "tutorial loop (PIL, fp32)", plain_loop_throughput(ref, data, cfg.batch_size, steps, "fp32", pil=True),
-        cfg.precision)
+        "fp32")
     return rows

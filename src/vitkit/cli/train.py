@@ -32,7 +32,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
     ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
     ("--clip-grad",): ("clip_grad", float, "clip the gradient norm"),
-    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA)"),
+    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | auto (bf16 where the "
+                                         "device computes in bf16 natively, else fp32; the recipes' choice)"),
     ("--device",): ("device", str, "auto | cpu | cuda | cuda:N | mps"),
     ("--seed",): ("seed", int, "random seed"),
     ("--time-limit",): ("time_limit", float, "minutes of wall time; the LR schedule is planned to end there"),

@@ -21,7 +21,7 @@ from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
-from ..speed import compile_for_training, configure_for_training
+from ..speed import compile_for_training, configure_for_training, precision_note, resolve_precision
 from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluate import autocast_for, evaluate
@@ -106,8 +106,9 @@ class Trainer:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
-        configure_for_training(self.model, self.device, cfg.precision)
+        self.precision = resolve_precision(cfg.precision, self.device)  # "auto" -> bf16 or fp32 for this device
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        configure_for_training(self.model, self.device, self.precision)
         self.train_model: nn.Module = self.model
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -273,7 +274,7 @@ class Trainer:
             if self.step >= self.total_steps:
                 break
             x, target = self.augment(x, y, train=True, generator=self.gen)
-            with autocast_for(self.device, cfg.precision):
+            with autocast_for(self.device, self.precision):
                 loss = self.criterion(model(x), target)
             lv = float(loss.detach())
             if self._agree(not math.isfinite(lv)):
@@ -341,7 +342,7 @@ class Trainer:
     def evaluate_model(self, model: nn.Module) -> dict[str, Any]:
         """``model`` on the validation split, as the run evaluates its own (batch, precision, ranks)."""
         return evaluate(model, self.data.val, self.augment, self.model.config.num_classes, self.device,
-                        self.cfg.eval_batch_size, self.cfg.precision if self.cfg.precision == "bf16" else "fp32",
+                        self.cfg.eval_batch_size, self.precision if self.precision == "bf16" else "fp32",
                         self.rank, self.world)
 
     def fit(self) -> RunResult:
@@ -349,8 +350,12 @@ class Trainer:
         self._open_outputs()
         if self.is_main:
             self.log(self.data.describe())
-            self.log(f"model {cfg.model}: {self.model.num_params:,} parameters on {self.device}; "
-                     f"{self.steps_per_epoch} steps/epoch, global batch {cfg.batch_size * self.world * cfg.grad_accum}")
+            self.log(f"model {cfg.model}: {self.model.num_params:,} parameters on {self.device} in {self.precision}"
+                     f"{' (auto)' if cfg.precision == 'auto' else ''}; {self.steps_per_epoch} steps/epoch, "
+                     f"global batch {cfg.batch_size * self.world * cfg.grad_accum}")
+            note = precision_note(self.precision, self.device)
+            if note:
+                self.log(note)
         while self.step < self.total_steps and not self.stop_requested:
             t0, step0 = time.time(), self.step
             train_loss, img_s = self.train_epoch()
