@@ -10,6 +10,10 @@ Measured on this project's 2-core AVX-512/AMX CPU (benchmarks/train_throughput.p
   41 vs 32 img/s).
 - On CPUs with AMX, vitkit's own attention kernel (vitkit/kernels, KernelAttention below) beats the fused SDPA
   kernel for inference: 1.6x for the attention alone, +13% for the compiled ViT-B/16 batch 16 (53.8 vs 47.7 img/s).
+- All of the above is bf16 on a CPU that computes in bf16 (AMX, AVX512-BF16). On a 2-core AVX-512 Xeon without
+  them, bf16 matmuls are emulated (61 vs 305 GFLOP/s fp32), so there inference keeps fp32 weights and the recipes'
+  `precision: auto` trains in fp32 (cpu_has_native_bf16, resolve_precision below; README, "On a CPU without native
+  bf16").
 """
 from __future__ import annotations
 
@@ -175,8 +179,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:
-    """A warning for bf16 asked for on a CPU that emulates it (~5x slower matmuls than fp32 there)."""
+    """A warning for bf16 asked for on a CPU that emulates it."""
     if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
-        return ("note: this CPU has no native bf16 (AVX512-BF16/AMX): bf16 matmuls are emulated, ~5x slower than "
-                "fp32 here; --precision auto or fp32 is faster")
+        return ("note: this CPU has no native bf16 (AVX512-BF16/AMX): bf16 matmuls are emulated, several times slower "
+                "than fp32 (5x on a 2-core AVX-512 Xeon); --precision auto or fp32 trains faster")
     return None
