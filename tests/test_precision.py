@@ -65,3 +65,16 @@ def test_optimize_for_inference_keeps_fp32_weights_without_native_bf16(monkeypat
     want = torch.bfloat16 if native else torch.float32
     assert {p.dtype for p in fast.parameters()} == {want}
     assert fast(torch.randn(2, 3, 32, 32)).dtype == torch.float32
+
+
+def test_eval_says_which_precision_it_ran(tmp_path, capsys, monkeypatch):
+    from vitkit.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--output", str(out)]) == 0
+    for native, says in ((False, "360 images, fp32 (this CPU has no native bf16: fp32 is faster)"),
+                         (True, "360 images, bf16\n")):
+        monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
+        capsys.readouterr()
+        assert main(["eval", "--checkpoint", str(out / "best"), "--precision", "bf16"]) == 0
+        assert says in capsys.readouterr().out

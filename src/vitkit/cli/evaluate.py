@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     split = data.val if args.split == "val" else data.train
     m = evaluate(fast, split, normalizer(pre, c), c.num_classes, device, args.batch_size)
     names = pre.get("class_names") or data.classes
-    print(f"{data.name} {args.split}: {m['n']} images")
+    ran = "bf16" if fast.dtype == torch.bfloat16 else "fp32"  # bf16 asked for on a CPU without it: fp32
+    print(f"{data.name} {args.split}: {m['n']} images, {ran}"
+          + (" (this CPU has no native bf16: fp32 is faster)" if ran != args.precision else ""))
     print(f"top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  loss {m['loss']:.4f}")
     width = max(len(n) for n in names)
     for n, a in zip(names, m["per_class_acc"]):
