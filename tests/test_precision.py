@@ -1,5 +1,6 @@
 """bf16 only where the hardware computes in it: `precision: auto` for training, optimize_for_inference's fp32
 fallback. Without AVX512-BF16/AMX a bf16 matmul is emulated (61 vs 305 GFLOP/s fp32 on a 2-core AVX-512 Xeon)."""
+import json
 import platform
 from pathlib import Path
 
@@ -42,15 +43,17 @@ def test_the_recipes_leave_bf16_to_the_hardware():
 
 @pytest.mark.parametrize("asked,native,runs,note", [
     ("auto", False, "fp32", False), ("auto", True, "bf16", False), ("bf16", False, "bf16", True)])
-def test_the_trainer_trains_and_evaluates_in_the_resolved_precision(monkeypatch, asked, native, runs, note):
+def test_the_trainer_trains_and_evaluates_in_the_resolved_precision(tmp_path, monkeypatch, asked, native, runs,
+                                                                   note):
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
     used = []
     real_autocast = trainer_mod.autocast_for
     monkeypatch.setattr(trainer_mod, "autocast_for", lambda d, p: (used.append(p), real_autocast(d, p))[1])
     logs: list[str] = []
-    t = Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=256, precision=asked, device="cpu"),
-                log=logs.append, progress=False)
+    t = Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=256, precision=asked, device="cpu",
+                            output=str(tmp_path / "run")), log=logs.append, progress=False)
     t.fit()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["precision"] == runs
     assert t.precision == runs and set(used) == {runs}  # every training step under the resolved precision
     said = "\n".join(logs)
     assert f"parameters on cpu in {runs}{' (auto)' if asked == 'auto' else ''};" in said

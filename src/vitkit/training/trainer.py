@@ -373,7 +373,8 @@ class Trainer:
                     metrics = self._evaluate_and_keep_best()
                     self._save("last")  # with the final top-1 in its training state
             row = {"epoch": self.epoch, "step": self.step, "train_loss": round(train_loss, 5),
-                   "lr": self.optimizer.param_groups[0]["lr"], "img_per_s": round(img_s, 1)}
+                   "lr": self.optimizer.param_groups[0]["lr"], "img_per_s": round(img_s, 1),
+                   "precision": self.precision}  # what "auto" became on this machine
             said = f"epoch {self.epoch}: train_loss {train_loss:.4f}"
             if metrics is not None:
                 row.update(val_loss=round(metrics["loss"], 5), val_top1=round(metrics["top1"], 3),
