@@ -23,6 +23,9 @@ MODELS = {  # name: (config, batch); the recipes' models read from their configs
     "ViT-S/16": (get_config("vit_small_patch16_224", num_classes=10), 16),
     "ViT-B/16": (get_config("vit_base_patch16_224", num_classes=10), 16),
 }
+if not vitkit.speed.cpu_has_native_bf16():  # vitkit would run fp32 against emulated bf16: no A/B
+    raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
+                     "`vitkit bench --dtypes fp32` compares fp32")
 torch.manual_seed(0)
 print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, bf16 weights, eager")
 for name, (cfg, batch) in MODELS.items():

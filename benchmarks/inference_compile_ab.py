@@ -18,6 +18,9 @@ p.add_argument("--batch", type=int, default=16)
 p.add_argument("--repeats", type=int, default=8)
 args = p.parse_args()
 
+if not vitkit.speed.cpu_has_native_bf16():  # vitkit would run fp32 against emulated bf16: no A/B
+    raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
+                     "`vitkit bench --dtypes fp32` compares fp32")
 torch.manual_seed(0)
 model = vitkit.create_model(args.model).eval()
 with torch.no_grad():
