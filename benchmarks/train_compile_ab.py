@@ -18,7 +18,7 @@ import torch
 
 import vitkit
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.bench.training import bf16_steps_on_one_batch, fashion_mnist_vit_config
+from vitkit.bench.training import steps_on_one_batch, fashion_mnist_vit_config
 from vitkit.speed import configure_for_training
 
 p = argparse.ArgumentParser()
@@ -43,9 +43,9 @@ def trainer_step(compile_kwargs: dict):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # the trainer's optimizer step
     compiled = torch.compile(model, **compile_kwargs)
     start = time.perf_counter()
-    bf16_steps_on_one_batch(compiled, opt, x, y, 1)()
+    steps_on_one_batch(compiled, opt, x, y, 1)()
     print(f"compile + first step {time.perf_counter() - start:6.1f} s  {compile_kwargs or 'defaults'}", flush=True)
-    return bf16_steps_on_one_batch(compiled, opt, x, y, args.steps)
+    return steps_on_one_batch(compiled, opt, x, y, args.steps)
 
 
 fns = [trainer_step(kw) for kw in VARIANTS.values()]

@@ -10,7 +10,7 @@ import argparse
 import torch
 
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.bench.training import bf16_steps_on_one_batch
+from vitkit.bench.training import steps_on_one_batch
 from vitkit.model.registry import create_model
 from vitkit.speed import configure_for_training
 from vitkit.training.config import recipe
@@ -31,7 +31,7 @@ def step_fn(batch: int, fused: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     step_model = torch.compile(model)
     x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
-    return bf16_steps_on_one_batch(step_model, opt, x, y, args.images // batch)
+    return steps_on_one_batch(step_model, opt, x, y, args.images // batch)
 
 
 variants = [(b, f) for b in (32, 64, 128) for f in (True, False)]

@@ -1,7 +1,9 @@
-"""Where the time of the trainer's compiled bf16 training step goes, by kind of kernel (torch.profiler, with
-Inductor's per-kernel records on), for a Fashion-MNIST model on a fixed batch; and the step time without the profiler.
+"""Where the time of the trainer's compiled training step goes (bf16 autocast, or --precision fp32), by kind of
+kernel (torch.profiler, with Inductor's per-kernel records on), for a Fashion-MNIST model on a fixed batch; and the
+step time without the profiler.
 
     python benchmarks/train_step_profile.py [--depth 3] [--hybrid none|conv:32,32] [--batch 128] [--steps 10]
+                                            [--precision bf16|fp32]
 
 The defaults are the issue's tutorial model (plain patch-7 ViT, width 128, depth 3, batch 128). Used in the README
 to explain why the trainer is 2.2-2.5x a plain fp32 loop and not 4x. Not a test: numbers, no assertions.
@@ -17,7 +19,7 @@ from torch.profiler import profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.bench.training import bf16_steps_on_one_batch, fashion_mnist_vit_config
+from vitkit.bench.training import steps_on_one_batch, fashion_mnist_vit_config
 from vitkit.speed import compile_for_training, configure_for_training
 
 KINDS = {"aten::mm": "matmuls (oneDNN)", "aten::addmm": "matmuls (oneDNN)", "aten::bmm": "matmuls (oneDNN)",
@@ -29,19 +31,21 @@ p.add_argument("--depth", type=int, default=3)
 p.add_argument("--hybrid", default="none", help="the conv stem (the recipes: conv:32,32), or 'none'")
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--steps", type=int, default=10)
+p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
 args = p.parse_args()
 
 inductor_config.cpp.enable_kernel_profile = True  # a profiler record per generated C++ kernel
 torch.manual_seed(0)
 cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 model = vitkit.VisionTransformer(cfg)
-configure_for_training(model, torch.device("cpu"), "bf16")
+configure_for_training(model, torch.device("cpu"), args.precision)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
 with FlopCounterMode(display=False) as flops:  # one forward + backward, counted on the uncompiled model
     F.cross_entropy(model(x), y).backward()
 model.zero_grad(set_to_none=True)
-run = bf16_steps_on_one_batch(compile_for_training(model, torch.device("cpu")), opt, x, y, args.steps)
+run = steps_on_one_batch(compile_for_training(model, torch.device("cpu")), opt, x, y, args.steps,
+                         args.precision)
 run()
 run()
 start = time.perf_counter()
@@ -60,8 +64,8 @@ for e in prof.key_averages():
     else:
         by_kind[KINDS.get(e.key, "everything else (Python, autograd, dispatch)")] += ms
 total = sum(by_kind.values())
-print(f"model depth {cfg.depth}, hybrid {cfg.hybrid}, batch {args.batch}: {step_ms:.1f} ms per step without the "
-      f"profiler ({args.batch / step_ms * 1e3:.0f} img/s), {total:.1f} ms with it")
+print(f"model depth {cfg.depth}, hybrid {cfg.hybrid}, batch {args.batch}, {args.precision}: {step_ms:.1f} ms per step "
+      f"without the profiler ({args.batch / step_ms * 1e3:.0f} img/s), {total:.1f} ms with it")
 matmul_ms = by_kind["matmuls (oneDNN)"]
 print(f"  {flops.get_total_flops() / 1e9:.2f} GFLOP per step (FlopCounterMode): the matmuls run at "
       f"≈{flops.get_total_flops() / matmul_ms / 1e6:.0f} GFLOP/s (all of the step's FLOPs over the matmuls' time)")

@@ -1,7 +1,6 @@
 """Training throughput: vitkit's trainer against plain loops over the same model (issues 3 and 8)."""
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any, Callable
 
@@ -13,7 +12,10 @@ from ..data.datasets import DataSplits
 from ..model.config import ViTConfig
 from ..model.registry import get_config
 from ..training.config import TrainConfig, recipe
+from ..training.evaluate import autocast_for
 from ..training.trainer import Trainer
+
+CPU = torch.device("cpu")
 
 
 def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> float:
@@ -42,14 +44,14 @@ def fashion_mnist_vit_config(depth: int, hybrid: str) -> ViTConfig:
                              hybrid=None if hybrid == "none" else hybrid)
 
 
-def bf16_steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                            steps: int) -> Callable[[], None]:
-    """A callable running ``steps`` training steps of ``model`` under bf16 autocast on CPU, all on the batch (x, y):
-    the compute of the trainer's step without its data path, for the A/Bs in benchmarks/train_step_ab.py and
-    benchmarks/train_compile_ab.py."""
+def steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                       steps: int, precision: str = "bf16") -> Callable[[], None]:
+    """A callable running ``steps`` training steps of ``model`` on CPU (under bf16 autocast for ``precision``
+    "bf16"), all on the batch (x, y): the compute of the trainer's step without its data path, for the A/Bs in
+    benchmarks/train_step_ab.py, train_compile_ab.py and train_step_profile.py."""
     def run() -> None:
         for _ in range(steps):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with autocast_for(CPU, precision):
                 loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
@@ -83,8 +85,6 @@ def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, s
     mean, std = data.mean_std()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    ctx: Callable[[], Any] = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
-        else contextlib.nullcontext
     if pil:
         loader = torch.utils.data.DataLoader(_PilDataset(data.train.images, data.train.labels, mean, std),
                                              batch_size=batch_size, shuffle=True, drop_last=True)
@@ -101,7 +101,7 @@ def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, s
 
     def step() -> None:
         x, y = next_batch()
-        with ctx():
+        with autocast_for(CPU, precision):
             loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
