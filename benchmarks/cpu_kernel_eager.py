@@ -9,7 +9,7 @@ import argparse
 import torch
 
 import vitkit
-from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.timing import exit_unless_native_bf16, interleaved_throughput
 from vitkit.bench.training import recipe_vit_config
 from vitkit.model.registry import get_config
 
@@ -23,9 +23,7 @@ MODELS = {  # name: (config, batch); the recipes' models read from their configs
     "ViT-S/16": (get_config("vit_small_patch16_224", num_classes=10), 16),
     "ViT-B/16": (get_config("vit_base_patch16_224", num_classes=10), 16),
 }
-if not vitkit.speed.cpu_has_native_bf16():  # vitkit would run fp32 against emulated bf16: no A/B
-    raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
-                     "`vitkit bench --dtypes fp32` compares fp32")
+exit_unless_native_bf16()
 torch.manual_seed(0)
 print(f"{torch.get_num_threads()} threads, torch {torch.__version__}, bf16 weights, eager")
 for name, (cfg, batch) in MODELS.items():

@@ -10,7 +10,7 @@ import torch
 
 import vitkit
 from vitkit.bench.inference import PEERS, _runner
-from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.timing import exit_unless_native_bf16, interleaved_throughput
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="vit_base_patch16_224")
@@ -18,9 +18,7 @@ p.add_argument("--batch", type=int, default=16)
 p.add_argument("--repeats", type=int, default=8)
 args = p.parse_args()
 
-if not vitkit.speed.cpu_has_native_bf16():  # vitkit would run fp32 against emulated bf16: no A/B
-    raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
-                     "`vitkit bench --dtypes fp32` compares fp32")
+exit_unless_native_bf16()
 torch.manual_seed(0)
 model = vitkit.create_model(args.model).eval()
 with torch.no_grad():

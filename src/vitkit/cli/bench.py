@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                                                                          r.get("task"))]
         r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
         flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
-        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r.get("compute", r["dtype"]) == "bf16" else "fp32"]
+        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r["compute"] == "bf16" else "fp32"]
     print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<27}{'img/s':>9} "
           f"{'vs best peer':>13} {'of ceiling':>11}")
     for r in rows:

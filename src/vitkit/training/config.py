@@ -62,7 +62,8 @@ class TrainConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_model_keys(self.model_args, "model override")
-        choices = {"opt": ("adamw", "sgd"), "precision": ("fp32", "bf16", "fp16", "auto"), "aa": (None, "rand", "trivial")}
+        choices = {"opt": ("adamw", "sgd"), "precision": ("fp32", "bf16", "fp16", "auto"),
+                   "aa": (None, "rand", "trivial")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
