@@ -9,8 +9,9 @@ import argparse
 import torch
 
 import vitkit
-from vitkit.bench.timing import exit_unless_native_bf16, interleaved_throughput
-from vitkit.bench.training import recipe_vit_config
+from _helpers import exit_unless_native_bf16
+from vitkit.bench.timing import interleaved_throughput
+from _helpers import recipe_vit_config
 from vitkit.model.registry import get_config
 
 p = argparse.ArgumentParser()

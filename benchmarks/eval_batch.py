@@ -13,7 +13,7 @@ from vitkit.bench.timing import interleaved_throughput
 from vitkit.data.augment import BatchAugment
 from vitkit.data.datasets import ImageTensors
 from vitkit.model.registry import create_model
-from vitkit.speed import configure_for_training
+from vitkit.runtime import configure_for_training
 from vitkit.training.config import recipe
 from vitkit.training.evaluate import evaluate
 

@@ -1,5 +1,5 @@
 """A/B in one process: vitkit's eager and compiled inference paths (compiled with and without vitkit's AMX
-attention kernel, vitkit/kernels) against timm, Hugging Face and torchvision with bf16 weights, timed round-robin
+attention kernel, vitkit/runtime/kernels) against timm, Hugging Face and torchvision with bf16 weights, timed round-robin
 (each repeat runs every one once), on identical weights and inputs.
 
     python benchmarks/inference_compile_ab.py [--model vit_base_patch16_224] [--batch 16] [--repeats 8]
@@ -10,7 +10,8 @@ import torch
 
 import vitkit
 from vitkit.bench.inference import PEERS, _runner
-from vitkit.bench.timing import exit_unless_native_bf16, interleaved_throughput
+from _helpers import exit_unless_native_bf16
+from vitkit.bench.timing import interleaved_throughput
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="vit_base_patch16_224")

@@ -1,5 +1,5 @@
 """A/B in one process: a training step of a Fashion-MNIST model compiled by torch.compile with Inductor's defaults
-(what ``vitkit.speed.compile_for_training`` uses), with ``cpp_wrapper`` (the step's kernels called from C++ instead
+(what ``vitkit.runtime.compile_for_training`` uses), with ``cpp_wrapper`` (the step's kernels called from C++ instead
 of Python) and with ``mode="max-autotune"`` (Inductor benchmarks its own C++ GEMMs against oneDNN's per matmul),
 timed round-robin; also the time of each variant's compile and first call (the later variants reuse kernels the
 earlier ones put in Inductor's cache, so only the differences are meaningful).
@@ -18,8 +18,8 @@ import torch
 
 import vitkit
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.bench.training import steps_on_one_batch, fashion_mnist_vit_config
-from vitkit.speed import configure_for_training
+from _helpers import fashion_mnist_vit_config, steps_on_one_batch
+from vitkit.runtime import configure_for_training
 
 p = argparse.ArgumentParser()
 p.add_argument("--depth", type=int, default=3, help="3: the 5-minute model, 6: the 30-minute one")

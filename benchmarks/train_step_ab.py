@@ -10,9 +10,9 @@ import argparse
 import torch
 
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.bench.training import steps_on_one_batch
+from _helpers import steps_on_one_batch
 from vitkit.model.registry import create_model
-from vitkit.speed import configure_for_training
+from vitkit.runtime import configure_for_training
 from vitkit.training.config import recipe
 
 p = argparse.ArgumentParser()

@@ -19,8 +19,8 @@ from torch.profiler import profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.bench.training import steps_on_one_batch, fashion_mnist_vit_config
-from vitkit.speed import compile_for_training, configure_for_training
+from _helpers import fashion_mnist_vit_config, steps_on_one_batch
+from vitkit.runtime import compile_for_training, configure_for_training
 
 KINDS = {"aten::mm": "matmuls (oneDNN)", "aten::addmm": "matmuls (oneDNN)", "aten::bmm": "matmuls (oneDNN)",
          "aten::mkldnn_convolution": "convolutions (oneDNN)", "aten::convolution_backward": "convolutions (oneDNN)",

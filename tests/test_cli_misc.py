@@ -61,8 +61,8 @@ def test_optimize_for_inference_with_compile_runs_and_agrees():
 
 
 def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights(monkeypatch):
-    from vitkit import speed
     from vitkit.bench.inference import bench_inference
+    from vitkit.runtime import precision as speed
 
     rows = bench_inference("vit_tiny_patch16_224", 2, "fp32", ("timm", "hf", "torchvision"), repeats=2,
                            log=lambda s: None, img_size=32, depth=1)
@@ -110,7 +110,7 @@ def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_agains
     import json
 
     import vitkit.bench.timing as timing
-    from vitkit import speed
+    from vitkit.runtime import precision as speed
 
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype: 300e9 if dtype == torch.float32 else 60e9)

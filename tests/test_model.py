@@ -84,9 +84,9 @@ def test_attention_scales_before_softmax_as_in_the_paper():
     attn = model.blocks[0].attn
     x = torch.randn(2, 17, 32) * 3  # large enough that the scaling matters
     with torch.no_grad():
-        for fused in (True, False):
-            attn.fused_attn = fused
-            out, _ = attn(x)
+        for impl in ("sdpa", "exact"):
+            attn.impl = impl
+            out = attn(x)
             torch.testing.assert_close(out, _reference_msa(attn, x), rtol=1e-5, atol=1e-5)
         # the "scale after the softmax by sqrt(embed_dim)" variant from our notes gives something else
         qkv = attn.qkv(x).reshape(2, 17, 3, 4, 8).permute(2, 0, 3, 1, 4)
@@ -106,7 +106,7 @@ def test_block_is_pre_norm_with_residual_on_the_unnormalised_input():
         z1 = _reference_msa(blk.attn, F.layer_norm(z, (32,), blk.norm1.weight, blk.norm1.bias, 1e-6)) + z
         h = F.layer_norm(z1, (32,), blk.norm2.weight, blk.norm2.bias, 1e-6)
         z2 = F.gelu(h @ blk.mlp.fc1.weight.T + blk.mlp.fc1.bias) @ blk.mlp.fc2.weight.T + blk.mlp.fc2.bias + z1
-        out, _ = blk(z)
+        out = blk(z)
         torch.testing.assert_close(out, z2, rtol=1e-5, atol=1e-5)
         # the variant that adds the residual to the normalised input differs
         ln = F.layer_norm(z, (32,), blk.norm1.weight, blk.norm1.bias, 1e-6)
@@ -301,3 +301,27 @@ def test_config_round_trips_through_dict_and_is_frozen():
     assert ViTConfig.from_dict(c.to_dict()) == c
     with pytest.raises(Exception):
         c.depth = 3  # type: ignore[misc]
+
+
+def test_attention_is_chosen_by_name_and_recorded_by_a_hook():
+    model = create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+        ref = model(x)
+        assert model.set_attention("exact") is model and {b.attn.impl for b in model.blocks} == {"exact"}
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)  # how, never what
+        model.set_attention("sdpa")
+        with pytest.raises(ValueError, match="'flash3' is not available here; expected one of"):
+            model.set_attention("flash3")
+        with vitkit.record_attention(model) as maps:
+            out = model(x)
+        assert {b.attn.impl for b in model.blocks} == {"sdpa"}  # back to its own path afterwards
+        assert len(maps) == 2 and maps[0].shape == (2, 3, 5, 5)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        # the recorded maps are softmax(q k^T / sqrt(D_h)) of the first layer, computed here by hand
+        blk = model.blocks[0]
+        z = blk.norm1(model.embed(x))
+        q, k, _ = blk.attn.qkv(z).reshape(2, 5, 3, 3, 64).permute(2, 0, 3, 1, 4)
+        torch.testing.assert_close(maps[0], torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1), rtol=1e-5, atol=1e-6)
+        assert model(x).shape == (2, 3) and len(maps) == 2  # nothing recorded outside the context

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit import speed
+from vitkit.runtime import precision as speed
 from vitkit.training import trainer as trainer_mod
 from vitkit.training.config import TrainConfig, recipe
 from vitkit.training.trainer import Trainer

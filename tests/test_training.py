@@ -14,9 +14,11 @@ import torch
 
 from vitkit.training.checkpoint import recover_checkpoint, save_checkpoint
 from vitkit.training.config import TrainConfig
+from vitkit.training.budget import TimeBudget
+from vitkit.training.runlog import RunLog
 from vitkit.training.trainer import Trainer, TrainingDiverged
 from vitkit.cli.main import main
-from vitkit.speed import has_cxx_compiler
+from vitkit.runtime.compile import has_cxx_compiler
 
 from helpers import cifar_slice, write_digits_folder
 
@@ -116,7 +118,7 @@ def test_a_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     t = Trainer(_cfg(epochs=1, output=str(tmp_path)), log=_quiet, progress=False)
     t.fit()
     good = (tmp_path / "last" / "model.safetensors").read_bytes()
-    import vitkit.model.hub as hub
+    import vitkit.model.serialization as hub
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed mid-save")
@@ -165,16 +167,27 @@ def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path):
 
 
 @pytest.mark.parametrize("eval_every", [1, 4])
-def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(tmp_path, eval_every):
-    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, eval_every=eval_every), log=_quiet, progress=False)
-    t.start_time = time.time()  # nothing spent yet: budget 60 * 0.99 - 3 = 56.4 s
-    spe = t.steps_per_epoch
-    t._plan_time_limit(sec_per_step=0.01, eval_s=1.0)
-    n = t.total_steps
+def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(eval_every):
+    spe = 7
+    budget = TimeBudget(1.0, spe, eval_every, planned_steps=10_000 * spe, planned_warmup=5 * spe,
+                        images_per_step=64, val_images=360)
+    n, warmup = budget.plan(step=0, elapsed=0.0, sec_per_step=0.01, eval_s=1.0)  # budget 60 * 0.99 - 3 = 56.4 s
     # training + an evaluation per eval_every epochs + the final one
     cost = n * 0.01 + math.ceil(n / (eval_every * spe)) * 1.0 + 1.0
     assert 53.0 < cost <= 56.4 + 1.0  # fills the budget (within one evaluation: the plan counts epochs fractionally)
     assert n > 10 * spe  # a short budget is not swallowed by evaluations of the 10,000 recipe epochs
+    assert warmup == int(5 * spe * n / (10_000 * spe))  # the warmup shrinks with the schedule
+    assert budget.plan(step=50, elapsed=100.0, sec_per_step=0.01, eval_s=1.0)[0] == 50  # over budget: stop here
+
+
+def test_time_budget_probes_steps_5_to_30_and_guesses_the_evaluation():
+    budget = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=500, images_per_step=64, val_images=640)
+    assert budget.probe_step(4, 10.0, 10.0) is None and budget.probe_step(5, 30.0, 30.0) is None  # compiling
+    assert budget.probe_step(6, 30.05, 30.05) is None
+    total, _ = budget.probe_step(30, 31.25, 31.25)  # 0.05 s a step = 1280 img/s; evaluation at 3x: 640/3840 s
+    assert budget.eval_guess == pytest.approx(640 / (3 * 64 / 0.05))
+    assert total == budget.plan(30, 31.25, 0.05, budget.eval_guess)[0]
+    assert budget.probe_step(31, 40.0, 40.0) is None  # one probe only
 
 
 def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_path):
@@ -192,27 +205,40 @@ def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_pa
 def test_a_schedule_that_has_ended_is_not_replanned(tmp_path):
     t = Trainer(_cfg(epochs=2, time_limit=1.0), log=_quiet, progress=False)
     calls = []
-    replan = t._replan_after_epoch
-    t._replan_after_epoch = lambda *a: (calls.append(t.step), replan(*a))
+    replan = t.budget.after_epoch
+    t.budget.after_epoch = lambda *a: (calls.append(t.step), replan(*a))[1]
     r = t.fit()
     assert calls == [t.steps_per_epoch]  # after epoch 1 only: epoch 2 ended the cosine, so the run ends there
     assert r.epochs == 2 and t.step == 2 * t.steps_per_epoch
 
 
-def test_replan_after_the_first_epoch_leaves_the_compiling_out(tmp_path):
-    t = Trainer(_cfg(epochs=10_000, time_limit=10.0), log=_quiet, progress=False)
+def test_replan_after_the_first_epoch_leaves_the_compiling_out():
+    budget = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=0, images_per_step=64, val_images=640)
     planned = []
-    t._plan_time_limit = lambda sps, ev: planned.append((sps, ev))
+    budget.plan = lambda step, elapsed, sps, ev: planned.append((sps, ev)) or (step, 0)
     t0 = 1000.0
-    t._probe, t._eval_guess = [(5, t0 + 30.0), (30, t0 + 31.25)], 2.0  # 30 s compiling, then 0.05 s a step
-    t.step = 100
-    t._eval_s = 12.0  # the evaluation compiled too
-    t._replan_after_epoch(0, t0, train_s=30.0 + 95 * 0.05)
+    budget.probe, budget.eval_guess = [(5, t0 + 30.0), (30, t0 + 31.25)], 2.0  # 30 s compiling, then 0.05 s a step
+    budget.eval_s = 12.0  # the evaluation compiled too
+    budget.after_epoch(0, t0, train_s=30.0 + 95 * 0.05, step=100, elapsed=40.0)
     assert planned[-1] == pytest.approx((0.05, 2.0))
-    t.step = 200  # later epochs: their own time, as measured
-    t._eval_s = 2.5
-    t._replan_after_epoch(100, t0 + 50.0, train_s=100 * 0.06)
+    budget.eval_s = 2.5  # later epochs: their own time, as measured
+    budget.after_epoch(100, t0 + 50.0, train_s=100 * 0.06, step=200, elapsed=60.0)
     assert planned[-1] == pytest.approx((0.06, 2.5))
+
+
+def test_run_log_writes_config_metrics_tensorboard_and_curves(tmp_path):
+    log = RunLog(tmp_path / "run")
+    log.open({"epochs": 2})
+    log.epoch({"epoch": 1, "step": 10, "train_loss": 1.5, "lr": 1e-3})
+    log.epoch({"epoch": 2, "step": 20, "train_loss": 1.0, "lr": 1e-4, "val_loss": 0.9, "val_top1": 70.0})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[1]["val_top1"] == 70.0
+    assert (tmp_path / "run" / "config.yaml").read_text() == "epochs: 2\n"
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000 and any((tmp_path / "run" / "tb").iterdir())
+    quiet = RunLog(tmp_path / "other", enabled=False)  # a rank other than 0 writes nothing
+    quiet.open({}), quiet.epoch({"epoch": 1, "step": 1, "train_loss": 1.0}), quiet.close()
+    assert not (tmp_path / "other").exists()
 
 
 def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):
@@ -299,7 +325,7 @@ def test_compiled_training_step_gives_the_eager_loss_and_gradients():
     import copy
 
     from vitkit import ViTConfig, VisionTransformer
-    from vitkit.speed import compile_for_training
+    from vitkit.runtime.compile import compile_for_training
 
     torch.manual_seed(0)
     eager = VisionTransformer(ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=1,

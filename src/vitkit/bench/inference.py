@@ -3,24 +3,30 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors.torch import save_file
 
+from ..interop.hf import to_hf
+from ..interop.timm import timm_kwargs, to_timm
+from ..interop.torchvision import to_torchvision
 from ..model.config import to_2tuple
 from ..model.registry import create_model
 from ..model.vit import VisionTransformer, flops_per_image
-from ..speed import KernelAttention, optimize_for_inference
+from ..runtime.inference import optimize_for_inference
+from ..runtime.precision import dtype_of, precision_of
 from .timing import interleaved_throughput
 
 
 def _peer_timm(model: VisionTransformer) -> torch.nn.Module | None:
     try:
-        from timm.models.vision_transformer import VisionTransformer as TimmViT
+        from timm.models.vision_transformer import VisionTransformer as TimmViT  # optional: the dev extra
     except ImportError:
         return None
-    from ..interop.timm import timm_kwargs, to_timm
 
     ref = TimmViT(**timm_kwargs(model.config))
     ref.load_state_dict(to_timm(model))
@@ -29,16 +35,9 @@ def _peer_timm(model: VisionTransformer) -> torch.nn.Module | None:
 
 def _peer_hf(model: VisionTransformer) -> torch.nn.Module | None:
     try:
-        import transformers
+        import transformers  # optional: the dev extra
     except ImportError:
         return None
-    import json
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    from ..interop.hf import to_hf
-
     sd, cfg = to_hf(model)
     with tempfile.TemporaryDirectory() as d:
         save_file({k: v.contiguous() for k, v in sd.items()}, str(Path(d) / "model.safetensors"))
@@ -57,8 +56,6 @@ def _peer_hf(model: VisionTransformer) -> torch.nn.Module | None:
 
 
 def _peer_torchvision(model: VisionTransformer) -> torch.nn.Module | None:
-    from ..interop.torchvision import to_torchvision
-
     try:
         return to_torchvision(model)
     except ValueError:
@@ -108,9 +105,9 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         runners.append((impl, mode, fn, err, compute))
 
     for compiled in (False, True) if compile else (False,):
-        fast = optimize_for_inference(model, torch.bfloat16 if dtype == "bf16" else None, compile=compiled)
-        kernel = any(isinstance(m, KernelAttention) for m in fast.modules())  # vitkit's AMX attention kernel
-        fp32_here = dtype == "bf16" and fast.dtype is None  # a CPU without native bf16: fp32 is faster
+        fast = optimize_for_inference(model, dtype_of(dtype), compile=compiled)
+        kernel = any(getattr(m, "impl", None) == "cpu_kernel" for m in fast.modules())  # vitkit's AMX attention kernel
+        fp32_here = dtype == "bf16" and precision_of(fast.dtype) == "fp32"  # a CPU without native bf16: fp32 is faster
         add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else "")
             + (", fp32" if fp32_here else ""), lambda fast=fast: fast(x), "fp32" if fp32_here else dtype)
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")

@@ -52,13 +52,3 @@ def matmul_ceiling(dtype: torch.dtype, n: int = 4096, device: torch.device | str
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     return throughput(lambda: a @ b, items=2 * n ** 3, warmup=2, repeats=5, device=device)
-
-
-def exit_unless_native_bf16() -> None:
-    """For the bf16 A/B scripts in benchmarks/: on a CPU without native bf16, optimize_for_inference keeps fp32, so
-    such an A/B would time vitkit's fp32 against the peers' emulated bf16."""
-    from ..speed import cpu_has_native_bf16
-
-    if not cpu_has_native_bf16():
-        raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
-                         "`vitkit bench --dtypes fp32` compares fp32")

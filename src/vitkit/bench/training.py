@@ -1,18 +1,17 @@
-"""Training throughput: vitkit's trainer against plain loops over the same model (issues 3 and 8)."""
+"""Training throughput: vitkit's trainer against plain loops over the same model."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from PIL import Image
+from torchvision import transforms
 
 from ..data.datasets import DataSplits
-from ..model.config import ViTConfig
-from ..model.registry import get_config
-from ..training.config import TrainConfig, recipe
-from ..training.evaluate import autocast_for
+from ..runtime.precision import autocast_for
+from ..training.config import TrainConfig
 from ..training.trainer import Trainer
 
 CPU = torch.device("cpu")
@@ -29,42 +28,10 @@ def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60,
     return steps * cfg.batch_size / (time.perf_counter() - start)
 
 
-def recipe_vit_config(dataset: str, **overrides: Any) -> ViTConfig:
-    """The ViT of the shipped recipe configs/<dataset>.yaml (its full-budget settings), with ``overrides`` (e.g. the
-    dataset's ``in_chans`` and ``num_classes``, which the trainer takes from the data), for the benchmarks."""
-    r = recipe(dataset)
-    return get_config(r["model"], **{**r["model_args"], **overrides})
-
-
-def fashion_mnist_vit_config(depth: int, hybrid: str) -> ViTConfig:
-    """The Fashion-MNIST recipe's ViT (configs/fashion-mnist.yaml) at ``depth`` (3: the 5-minute model, 6: the
-    30-minute one) with the stem ``hybrid`` (``"none"``: the plain patch-7 ViT, the issue's tutorial model), for the
-    training-step benchmarks (benchmarks/train_compile_ab.py, train_step_profile.py)."""
-    return recipe_vit_config("fashion-mnist", in_chans=1, num_classes=10, depth=depth,
-                             hybrid=None if hybrid == "none" else hybrid)
-
-
-def steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                       steps: int, precision: str = "bf16") -> Callable[[], None]:
-    """A callable running ``steps`` training steps of ``model`` on CPU (under bf16 autocast for ``precision``
-    "bf16"), all on the batch (x, y): the compute of the trainer's step without its data path, for the A/Bs in
-    benchmarks/train_step_ab.py, train_compile_ab.py and train_step_profile.py."""
-    def run() -> None:
-        for _ in range(steps):
-            with autocast_for(CPU, precision):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return run
-
-
 class _PilDataset(torch.utils.data.Dataset):
     """The tutorial pipeline: one PIL image at a time through torchvision's ToTensor and Normalize."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: list[float], std: list[float]) -> None:
-        from torchvision import transforms
-
         self.images, self.labels = images, labels
         self.tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
 
@@ -72,8 +39,6 @@ class _PilDataset(torch.utils.data.Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
-        from PIL import Image
-
         a = self.images[i].numpy()
         img = Image.fromarray(a[0]) if a.shape[0] == 1 else Image.fromarray(a.transpose(1, 2, 0))
         return self.tf(img), int(self.labels[i])

@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-CIFAR10_ZIP = "../shared/data/cifar10-jpg.zip"  # the project's JPEG copy, relative to the repository
-# name: the `vitkit train` arguments of a README row (bench's --data-dir, when given, replaces or adds --data-dir)
+# name: the `vitkit train` arguments of a results row; the runs that read a folder take bench's --data-dir
 RUNS: dict[str, list[str]] = {
     "digits": [],
     "fmnist5": ["--dataset", "fashion-mnist", "--time-limit", "5"],
     "fmnist30": ["--dataset", "fashion-mnist", "--time-limit", "30"],
-    "cifar30": ["--dataset", "folder", "--data-dir", CIFAR10_ZIP, "--time-limit", "30"],
+    "cifar30": ["--dataset", "folder", "--time-limit", "30"],  # --data-dir: CIFAR-10 as an ImageFolder (or zip)
 }
 FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)")
 
@@ -33,6 +32,8 @@ def train_args(name: str, data_dir: str | None = None) -> list[str]:
         else:
             args += ["--data-dir", data_dir]
     given = args[args.index("--data-dir") + 1] if "--data-dir" in args else None
+    if "folder" in args and not given:
+        raise ValueError(f"time-to-accuracy run {name}: give --data-dir (the image folder or zip it trains on)")
     if given and not Path(given).exists():
         raise FileNotFoundError(f"time-to-accuracy run {name}: {given} not found (give --data-dir)")
     return args

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.inference import bench_inference
     from ..bench.timing import matmul_ceiling
-    from ..speed import cpu_has_native_bf16
+    from ..runtime.precision import cpu_has_native_bf16
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}")
@@ -119,7 +119,7 @@ def _train_rows(steps: int) -> list[dict]:
     from ..data.datasets import load_dataset
     from ..interop.timm import timm_kwargs
     from ..model.vit import flops_per_image
-    from ..speed import resolve_precision
+    from ..runtime.precision import resolve_precision
     from ..training.config import TrainConfig, recipe
     from ..training.trainer import build_model
 

@@ -35,17 +35,16 @@ def _run_dataset_defaults(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..data.preprocess import normalizer
     from ..inspect.plots import plot_confusion
-    from ..interop import load_any
-    from ..speed import optimize_for_inference
+    from ..interop import load
+    from ..runtime.inference import optimize_for_inference
+    from ..runtime.precision import dtype_of, precision_of
     from ..training.evaluate import evaluate
-    from ..training.trainer import resolve_device
+    from ..runtime.device import resolve_device
 
     _run_dataset_defaults(args)
-    model = load_any(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
+    model = load(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
     pre = getattr(model, "preprocessing", None) or {}
     data = load_data_from_args(args)
     c = model.config
@@ -55,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
     device = resolve_device(args.device)
-    fast = optimize_for_inference(model.to(device), torch.bfloat16 if args.precision == "bf16" else None)
+    fast = optimize_for_inference(model.to(device), dtype_of(args.precision))
     split = data.val if args.split == "val" else data.train
     m = evaluate(fast, split, normalizer(pre, c), c.num_classes, device, args.batch_size)
     names = pre.get("class_names") or data.classes
-    ran = "bf16" if fast.dtype == torch.bfloat16 else "fp32"  # bf16 asked for on a CPU without it: fp32
+    ran = precision_of(fast.dtype)  # bf16 asked for on a CPU without it: fp32
     print(f"{data.name} {args.split}: {m['n']} images, {ran}"
           + (" (this CPU has no native bf16: fp32 is faster)" if ran != args.precision else ""))
     print(f"top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  loss {m['loss']:.4f}")

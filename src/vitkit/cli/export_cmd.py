@@ -19,11 +19,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
-    from ..interop import load_any, to_hf, to_jax_npz, to_timm
+    from ..interop import load, to_hf, to_jax_npz, to_timm
 
     out = Path(args.out)
     refuse_overwrite(out)
-    model = load_any(args.checkpoint).eval()
+    model = load(args.checkpoint).eval()
     meta = {"vitkit_config": json.dumps(model.config.to_dict())}
     if args.format == "safetensors":
         state = {k: v.contiguous() for k, v in model.state_dict().items()}

@@ -20,22 +20,23 @@ def refuse_overwrite(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load_any
+    from ..interop import load
 
     out = Path(args.out)
     refuse_overwrite(out)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads)) if v is not None}
     fmt = None if args.fmt == "auto" else args.fmt
     if "num_heads" in overrides:  # an architecture fact, not an adaptation: set it on the inferred config
+        from ..interop.files import load_state_file
         from ..interop.infer import infer_config
-        from ..interop.load import into_model, load_state_file
         from ..interop.timm import timm_to_vitkit
+        from ..model.hub import build_adapted
 
         sd = timm_to_vitkit(load_state_file(args.src), args.src)
-        model = into_model(infer_config(sd, args.src, num_heads=overrides.pop("num_heads")), sd, args.src,
-                           **overrides)
+        model = build_adapted(infer_config(sd, args.src, num_heads=overrides.pop("num_heads")), sd, args.src,
+                              **overrides)
     else:
-        model = load_any(args.src, fmt, **overrides)
+        model = load(args.src, fmt, **overrides)
     model.save_pretrained(out)  # carries the source's preprocessing when it had one
     print(f"wrote {out}: {model.config.to_dict()}")
     return 0

@@ -41,12 +41,12 @@ def _sample_images(args, model, pre, n: int):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load_any
+    from ..interop import load
     from ..data.preprocess import preprocessing_of
     from ..inspect import analysis, plots
     from ..model.config import to_2tuple
 
-    model = load_any(args.checkpoint).eval()
+    model = load(args.checkpoint).eval()
     pre = preprocessing_of(model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

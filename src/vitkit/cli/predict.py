@@ -30,12 +30,12 @@ def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dic
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load_any
+    from ..interop import load
     from ..data.preprocess import preprocessing_of
-    from ..speed import optimize_for_inference
-    from ..training.trainer import resolve_device
+    from ..runtime.inference import optimize_for_inference
+    from ..runtime.device import resolve_device
 
-    model = load_any(args.checkpoint).to(resolve_device(args.device))
+    model = load(args.checkpoint).to(resolve_device(args.device))
     pre = preprocessing_of(model)
     fast = optimize_for_inference(model)
     results = predict(fast, pre, args.images, args.topk)

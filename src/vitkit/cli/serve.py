@@ -45,12 +45,12 @@ def _examples(args: argparse.Namespace, names: list[str], n: int):  # type: igno
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load_any
+    from ..interop import load
     from ..data.preprocess import preprocessing_of
     from ..serving.app import serve
     from ..serving.predictor import Limits, Predictor
 
-    model = load_any(args.checkpoint)
+    model = load(args.checkpoint)
     pre = preprocessing_of(model)
     predictor = Predictor(model, pre, Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels))
     examples = _examples(args, predictor.names, args.num_examples)

@@ -125,36 +125,6 @@ def _progress():  # type: ignore[no-untyped-def]
     return partial(tqdm, mininterval=1.0, leave=False)
 
 
-def init_distributed() -> None:
-    """The process group from torchrun's environment (gloo on CPU, nccl on CUDA). Keys are prefixed with the restart
-    count: after torchrun restarts a failed group, the new ranks must not read the dead ranks' addresses."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent_store, timeout=timedelta(minutes=5))
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                            store=dist.PrefixStore(f"vitkit/restart{restart}", store), rank=rank, world_size=world)
-
-
-def _destroy_process_group() -> None:
-    """Tear the group down once nothing holds it: the DDP wrapper keeps the gloo process group alive, and a group
-    freed during interpreter shutdown instead aborts the process now and then (SIGABRT "terminate called without an
-    active exception", or SIGBUS, after the run has finished; seen in CI and in 10 of 80 loaded two-rank toy runs,
-    none of 40 once the wrapper was freed first)."""
-    import gc
-
-    import torch.distributed as dist
-
-    gc.collect()  # the trainer's reference cycles (closures over it) go now, not at exit
-    dist.destroy_process_group()
-
-
 def _default_output(args: argparse.Namespace, dataset: str | None = None) -> str:
     """runs/<dataset>-<time>; under torchrun runs/<dataset>-<run id>, the same after a restart."""
     dataset = dataset or getattr(args, "dataset", None) or "digits"
@@ -174,13 +144,16 @@ def run(args: argparse.Namespace) -> int:
     start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
 
+    from ..runtime.distributed import (destroy_process_group, init_distributed, launched_distributed,
+                                       rank_and_world, restart_count)
+    from ..training.build import build_data
     from ..training.trainer import Trainer, TrainingDiverged
 
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = launched_distributed()
     if distributed and not dist.is_initialized():
         init_distributed()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and not getattr(args, "resume", None):
+    rank = rank_and_world()[0]
+    if restart_count() > 0 and not getattr(args, "resume", None):
         args.resume = "auto"  # torchrun restarted the group after a failure: continue from last/
         if not getattr(args, "output", None):
             args.output = _default_output(args)
@@ -188,9 +161,7 @@ def run(args: argparse.Namespace) -> int:
         dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
     cfg, data = resolve_config(args)
     if data is None:
-        from ..data.datasets import load_dataset
-
-        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir)
+        data = build_data(cfg)
     if distributed and rank == 0:
         dist.barrier()
     if cfg.output is None:
@@ -230,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
         del trainer
         if dist.is_initialized():
-            _destroy_process_group()
+            destroy_process_group()
     if result.stopped_early:
         return 128 + (received[0] if received else signal.SIGTERM)
     if rank == 0:

@@ -17,8 +17,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+import torchvision
 from safetensors.torch import load_file, save_file
 
+from ..model.serialization import atomic_write
 from .images import BadImageError, is_gray, open_image, to_array
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "fake")
@@ -73,8 +75,8 @@ class DataSplits:
 # --------------------------------------------------------------------------------------------- digits
 def load_digits_splits(val_fraction: float = 0.2, seed: int = 0) -> DataSplits:
     """scikit-learn's 1,797 real 8x8 handwritten digits (values 0-16), a fixed stratified split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # scikit-learn's import (≈1 s) only for the digits
+    from sklearn.model_selection import train_test_split  # (the same)
 
     d = load_digits()
     x = torch.from_numpy(np.round(d.images * (255 / 16)).astype(np.uint8))[:, None]  # n h w -> n 1 h w
@@ -111,8 +113,6 @@ def load_idx_splits(name: str, data_dir: str | None, download: bool) -> DataSpli
     classes = FASHION_CLASSES if name == "fashion-mnist" else [str(i) for i in range(10)]
     root = Path(data_dir or (FASHION_MNIST_SYSTEM_DIR if name == "fashion-mnist" else "data"))
     if download:
-        import torchvision
-
         cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
         with _downloading(name, root, download):
             for train in (True, False):
@@ -148,8 +148,6 @@ def _downloading(name: str, root: object, download: bool) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------- CIFAR
 def load_cifar_splits(name: str, data_dir: str | None, download: bool) -> DataSplits:
     """torchvision's CIFAR format (``cifar-10-batches-py`` / ``cifar-100-python``) under ``data_dir``."""
-    import torchvision
-
     cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     root = data_dir or "data"
     try:
@@ -167,8 +165,6 @@ def load_cifar_splits(name: str, data_dir: str | None, download: bool) -> DataSp
 def load_fake_splits(n: int = 256, img_size: int = 16, channels: int = 3, num_classes: int = 4,
                      seed: int = 0) -> DataSplits:
     """torchvision FakeData (random images), for tests."""
-    import torchvision
-
     def make(size: int, offset: int) -> ImageTensors:
         ds = torchvision.datasets.FakeData(size, (channels, img_size, img_size), num_classes, random_offset=offset)
         xs = [to_array(img, channels) for img, _ in ds]
@@ -271,8 +267,6 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         tensors.append(ImageTensors(x, y))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        from ..model.hub import atomic_write
-
         atomic_write(Path(str(cache) + ".json"), lambda p: p.write_text(json.dumps({"classes": classes,
                                                                                      "skipped": skipped})))
         atomic_write(cache, lambda p: save_file({"train_x": tensors[0].images, "train_y": tensors[0].labels,

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from ..model.config import to_2tuple
+from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .images import open_image, to_array
 
@@ -34,7 +35,5 @@ def load_images(paths: list[str], max_pixels: int | None = None) -> list[Image.I
 def preprocessing_of(model: Any) -> dict[str, Any]:
     """A loaded model's preprocessing (mean, std, class names), with defaults and the mean/std fitted to its
     channel count (weights imported from elsewhere carry 3-channel defaults)."""
-    from ..model.hub import DEFAULT_PREPROCESSING, fit_channels
-
     return fit_channels({**DEFAULT_PREPROCESSING, **(getattr(model, "preprocessing", None) or {})},
                         model.config.in_chans)

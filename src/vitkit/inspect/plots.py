@@ -1,7 +1,6 @@
 """PNG plots (matplotlib, Agg): training curves, confusion matrix, and the inspection figures."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -9,27 +8,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-
-def plot_curves(metrics_jsonl: Path, out: Path) -> None:
-    """Loss and validation top-1 per epoch from a run's ``metrics.jsonl``."""
-    if not Path(metrics_jsonl).is_file():
-        return
-    rows = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
-    if not rows:
-        return
-    val = [r for r in rows if "val_top1" in r]  # epochs skipped by --eval-every have no validation metrics
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot([r["epoch"] for r in rows], [r["train_loss"] for r in rows], label="train loss")
-    a.plot([r["epoch"] for r in val], [r["val_loss"] for r in val], label="val loss")
-    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.set_title("Loss"), a.legend(), a.grid(alpha=0.3)
-    b.plot([r["epoch"] for r in val], [r["val_top1"] for r in val], color="tab:green", marker="o", ms=3)
-    b.set_xlabel("epoch"), b.set_ylabel("top-1 (%)"), b.grid(alpha=0.3)
-    if val:
-        b.set_title(f"Validation top-1 (best {max(r['val_top1'] for r in val):.2f}%)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+from ..training.runlog import plot_curves  # noqa: E402,F401  (a run's curves; kept importable from here)
 
 
 def plot_confusion(confusion: list[list[int]], classes: list[str], out: Path, title: str = "Confusion matrix") -> None:
@@ -58,9 +40,6 @@ def _image_for_display(image: np.ndarray) -> np.ndarray:
 
 
 def _upsample(grid_map: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    import torch
-    import torch.nn.functional as F
-
     t = torch.as_tensor(grid_map, dtype=torch.float32)[None, None]
     return F.interpolate(t, size=hw, mode="bilinear", align_corners=False)[0, 0].numpy()
 

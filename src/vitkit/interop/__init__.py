@@ -1,24 +1,15 @@
 """Weights in and out: timm, Hugging Face and the official JAX checkpoints.
 
 Converters are pure functions from one state dict to another (``timm_to_vitkit``, ``hf_to_vitkit``,
-``jax_to_vitkit``, ``vitkit_to_hf``); ``from_*`` / ``to_*`` wrap them with config inference.
+``jax_to_vitkit``, ``vitkit_to_hf``); ``from_*`` / ``to_*`` wrap them with config inference; ``load`` reads any
+supported file or folder (``load_any`` and ``load_pretrained`` are its older names).
 """
-from __future__ import annotations
-
-from typing import Any
-
-from ..model.vit import VisionTransformer
+from .files import load_state_file
 from .hf import from_hf, hf_to_vitkit, to_hf, vitkit_to_hf
 from .jax import from_jax_npz, jax_to_vitkit, to_jax_npz
-from .load import detect_format, load_any, load_state_file
+from .load import detect_format, load, load_any, load_pretrained
 from .timm import from_timm, timm_kwargs, timm_to_vitkit, to_timm
 
-
-def load_pretrained(src: str, **overrides: Any) -> VisionTransformer:
-    """Weights for fine-tuning (``vitkit train --init``): any supported format, adapted to ``overrides``."""
-    return load_any(src, **overrides)
-
-
-__all__ = ["from_timm", "to_timm", "from_hf", "to_hf", "from_jax_npz", "to_jax_npz", "load_any", "load_pretrained",
-           "detect_format", "load_state_file", "timm_to_vitkit", "hf_to_vitkit", "vitkit_to_hf", "jax_to_vitkit",
-           "timm_kwargs"]
+__all__ = ["from_timm", "to_timm", "from_hf", "to_hf", "from_jax_npz", "to_jax_npz", "load", "load_any",
+           "load_pretrained", "detect_format", "load_state_file", "timm_to_vitkit", "hf_to_vitkit", "vitkit_to_hf",
+           "jax_to_vitkit", "timm_kwargs"]

@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from ..model.config import ViTConfig, to_2tuple
+from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
+from .files import read_hf_folder
 
 # Two naming generations: the files on the Hub (and transformers < 5 in memory) use ``encoder.layer.N.…`` with
 # ``attention.attention.{query,key,value}``; transformers 5 in memory uses ``layers.N.…`` with ``{q,k,v}_proj``.
@@ -105,8 +107,6 @@ def vitkit_to_hf(model: VisionTransformer) -> tuple[dict[str, torch.Tensor], dic
 
 def from_hf(model_or_dir: Any, **known: Any) -> VisionTransformer:
     """A vitkit model from a ``transformers`` ViT model object or a saved folder (config.json + weights)."""
-    from .load import into_model, read_hf_folder
-
     if isinstance(model_or_dir, torch.nn.Module):
         hc, sd = model_or_dir.config.to_dict(), model_or_dir.state_dict()
     else:
@@ -114,7 +114,7 @@ def from_hf(model_or_dir: Any, **known: Any) -> VisionTransformer:
     sd = hf_to_vitkit(sd)
     num_classes = sd["head.weight"].shape[0] if "head.weight" in sd else 0
     cfg = hf_config_to_vitkit(hc, num_classes).replace(**known)
-    return into_model(cfg, sd, "Hugging Face weights")
+    return build_adapted(cfg, sd, "Hugging Face weights")
 
 
 def to_hf(model: VisionTransformer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..model.config import ViTConfig
+from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .infer import infer_config
 
@@ -100,11 +101,9 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
 
 def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
     """A vitkit model from an official ``.npz``; the config is read off the weights."""
-    from .load import into_model
-
     sd, said = jax_to_vitkit(read_npz(path), str(path))
     cfg = infer_config(sd, str(path), **{**said, **known})
-    return into_model(cfg, sd, str(path))
+    return build_adapted(cfg, sd, str(path))
 
 
 def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:

@@ -2,59 +2,21 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
-from ..model.config import ViTConfig
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.vit import VisionTransformer
+from .files import load_state_file, weights_in
+from .hf import from_hf, hf_to_vitkit
+from .infer import infer_config
+from .jax import jax_to_vitkit, read_npz
+from .timm import timm_to_vitkit
 
 SUPPORTED = ("a vitkit folder (config.json + model.safetensors)",
              "a Hugging Face ViT folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin)",
              "a timm ViT state dict (.safetensors, .pth, .pt, .bin) or a timm hub folder",
              "an official JAX checkpoint (.npz)")
-
-
-def into_model(cfg: ViTConfig, sd: dict[str, torch.Tensor], source: str, **overrides: Any) -> VisionTransformer:
-    return build_adapted(cfg, sd, source, **overrides)
-
-
-def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from safetensors, or from a torch pickle read with ``weights_only=True`` (never executes code)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} not found")
-    if p.suffix == ".safetensors":
-        return load_file(str(p))
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{p}: refused to load; it is not a plain tensor checkpoint and unpickling it could run "
-                         f"code ({str(e).splitlines()[0]})") from None
-    except Exception as e:  # noqa: BLE001 - zip/format errors come in many types
-        raise ValueError(f"{p}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
-    for key in ("state_dict", "model", "module"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{p}: expected a dict of tensors (a state dict)")
-    return {k.removeprefix("module."): v for k, v in obj.items()}
-
-
-def _weights_in(d: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
-        if (d / name).is_file():
-            return d / name
-    raise FileNotFoundError(f"{d}: no model.safetensors or pytorch_model.bin")
-
-
-def read_hf_folder(d: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    d = Path(d)
-    return json.loads((d / CONFIG_NAME).read_text()), load_state_file(_weights_in(d))
 
 
 def detect_format(src: str | Path) -> str:
@@ -82,27 +44,28 @@ def detect_format(src: str | Path) -> str:
     raise ValueError(f"{p}: unrecognised weights; supported: " + "; ".join(SUPPORTED))
 
 
-def load_any(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTransformer:
-    """Load weights in any supported format; ``img_size`` / ``num_classes`` overrides adapt them (§3.2)."""
-    from .hf import from_hf, hf_config_to_vitkit, hf_to_vitkit
-    from .infer import infer_config
-    from .jax import jax_to_vitkit, read_npz
-    from .timm import timm_to_vitkit
-
+def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTransformer:
+    """The one way to load weights: a vitkit folder, a timm or Hugging Face folder or file, or an official JAX
+    ``.npz`` (``fmt`` or detected). ``img_size`` / ``num_classes`` overrides adapt them (§3.2: resampled position
+    embeddings, a new zero head); ``vitkit train --init`` and every ``--checkpoint`` go through here."""
     p = Path(src)
     fmt = fmt or detect_format(p)
     if fmt == "vitkit":
         return from_pretrained(p, **overrides)
     if fmt == "jax":
         sd, said = jax_to_vitkit(read_npz(p), str(p))
-        return into_model(infer_config(sd, str(p), **said), sd, str(p), **overrides)
+        return build_adapted(infer_config(sd, str(p), **said), sd, str(p), **overrides)
     if fmt == "hf":
         if p.is_dir():
             model = from_hf(p)
-            return into_model(model.config, model.state_dict(), str(p), **overrides)
+            return build_adapted(model.config, model.state_dict(), str(p), **overrides)
         sd = hf_to_vitkit(load_state_file(p), str(p))
-        return into_model(infer_config(sd, str(p), layer_norm_eps=1e-12), sd, str(p), **overrides)
+        return build_adapted(infer_config(sd, str(p), layer_norm_eps=1e-12), sd, str(p), **overrides)
     if fmt == "timm":
-        sd = timm_to_vitkit(load_state_file(_weights_in(p) if p.is_dir() else p), str(p))
-        return into_model(infer_config(sd, str(p)), sd, str(p), **overrides)
+        sd = timm_to_vitkit(load_state_file(weights_in(p) if p.is_dir() else p), str(p))
+        return build_adapted(infer_config(sd, str(p)), sd, str(p), **overrides)
     raise ValueError(f"unknown format {fmt!r}; expected vitkit, timm, hf or jax")
+
+
+load_any = load  # the names this had before: kept for existing code
+load_pretrained = load

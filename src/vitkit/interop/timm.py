@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ..model.config import ViTConfig
+from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .infer import infer_config
 
@@ -37,15 +38,13 @@ def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict")
 
 def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
     """A vitkit model from a timm ``VisionTransformer`` or its state dict; config inferred from the weights."""
-    from .load import into_model
-
     if isinstance(state_dict_or_model, torch.nn.Module):
         known = {**timm_config(state_dict_or_model), **known}
         sd = state_dict_or_model.state_dict()
     else:
         sd = dict(state_dict_or_model)
     sd = timm_to_vitkit(sd)
-    return into_model(infer_config(sd, "timm weights", **known), sd, "timm weights")
+    return build_adapted(infer_config(sd, "timm weights", **known), sd, "timm weights")
 
 
 def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ import re
 from typing import Any
 
 import torch
+from torchvision.models.vision_transformer import VisionTransformer as TV
 
 from ..model.config import to_2tuple
 from ..model.vit import VisionTransformer
@@ -42,8 +43,6 @@ def vitkit_to_torchvision(model: VisionTransformer) -> tuple[dict[str, torch.Ten
 
 def to_torchvision(model: VisionTransformer) -> torch.nn.Module:
     """A ``torchvision.models.VisionTransformer`` holding ``model``'s weights."""
-    from torchvision.models.vision_transformer import VisionTransformer as TV
-
     sd, kwargs = vitkit_to_torchvision(model)
     tv = TV(**kwargs)
     tv.load_state_dict(sd)

@@ -130,12 +130,14 @@ def hybrid_stride(spec: str) -> int:
     return 4 * 2 ** (stages - 1)  # stem /4, then each later stage /2
 
 
-def check_keys(d: dict[str, Any], what: str) -> dict[str, Any]:
-    """Unknown keys raise, naming them and the known ones."""
-    known = {f.name for f in dataclasses.fields(ViTConfig)}
+def check_keys(d: dict[str, Any], what: str = "", cls: type | None = None, source: str = "") -> dict[str, Any]:
+    """``d`` if every key is a field of the dataclass ``cls`` (ViTConfig by default); else an error naming the
+    unknown keys and the known ones. Every config boundary (model, training) checks its keys here."""
+    known = {f.name for f in dataclasses.fields(cls or ViTConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise ValueError(f"unknown {what} key(s) {unknown}; known keys: {sorted(known)}")
+        raise ValueError(f"{source + ': ' if source else ''}unknown {what + ' ' if what else ''}key(s) {unknown}; "
+                         f"known keys: {sorted(known)}")
     return dict(d)
 
 

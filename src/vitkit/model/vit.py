@@ -9,7 +9,10 @@ Parameter names follow timm's ``VisionTransformer`` so state dicts move between 
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -18,35 +21,83 @@ import torch.nn.functional as F
 from .config import ViTConfig, to_2tuple
 from .hybrid import cnn_stem
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .serialization import save_pretrained
+
+
+# Attention implementations besides the two below, by name: (qkv (B, T, 3, h, D_h), scale) -> (B, T, h, D_h), for
+# inference only. vitkit.runtime registers its CPU kernel here as "cpu_kernel".
+ATTENTION_KERNELS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {}
+
+
+def register_attention(name: str, kernel: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
+    """Make ``kernel`` selectable as ``model.set_attention(name)``."""
+    ATTENTION_KERNELS[name] = kernel
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (MSA, Appendix A): softmax(q k^T / sqrt(D_h)) v for each head, then a projection."""
+    """Multi-head self-attention (MSA, Appendix A): softmax(q k^T / sqrt(D_h)) v for each head, then a projection.
 
-    fused_attn: bool = True  # F.scaled_dot_product_attention; the exact path is used when weights are wanted
+    ``impl`` chooses how softmax(q k^T / sqrt(D_h)) v is computed, never what: ``"sdpa"`` (PyTorch's fused
+    F.scaled_dot_product_attention), ``"exact"`` (the formula as written, through the ``attend`` softmax module, so
+    the attention probabilities can be observed: see ``record_attention``), or a registered kernel (inference only;
+    training falls back to SDPA). Set it with ``set_attention``."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5  # 1/sqrt(D_h), applied *before* the softmax
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.attend = nn.Softmax(dim=-1)  # a module, so attention can be hooked and observed
+        self.attend = nn.Softmax(dim=-1)  # a module, so record_attention can observe its output
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.impl = "sdpa"
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        q, k, v = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
-        # b t (3 h d) -> 3 b h t d
-        if self.fused_attn and not need_weights:
-            attn = None
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)  # b t (3 h d) -> b t 3 h d
+        if self.impl in ATTENTION_KERNELS and not self.training:
+            x = ATTENTION_KERNELS[self.impl](qkv, self.scale)  # (B, T, h, D_h)
         else:
-            attn = self.attend((q * self.scale) @ k.transpose(-2, -1))  # (B, h, T, T)
-            x = self.attn_drop(attn) @ v
-        x = x.transpose(1, 2).reshape(B, T, D)  # b h t d -> b t (h d)
-        return self.proj_drop(self.proj(x)), attn
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # b t 3 h d -> 3 b h t d
+            if self.impl == "exact":
+                x = self.attn_drop(self.attend((q * self.scale) @ k.transpose(-2, -1))) @ v  # attend: (B, h, T, T)
+            else:
+                x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            x = x.transpose(1, 2)  # b h t d -> b t h d
+        return self.proj_drop(self.proj(x.reshape(B, T, D)))  # b t h d -> b t (h d)
+
+
+def set_attention(model: nn.Module, impl: str) -> int:
+    """Every Attention in ``model`` computes with ``impl`` (``"sdpa"``, ``"exact"`` or a registered kernel, which
+    needs a head size it takes: a multiple of 16). Returns how many modules were set."""
+    known = ("sdpa", "exact", *ATTENTION_KERNELS)
+    if impl not in known:
+        raise ValueError(f"attention implementation {impl!r} is not available here; expected one of {known}")
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    if impl in ATTENTION_KERNELS:
+        attns = [m for m in attns if (m.qkv.in_features // m.num_heads) % 16 == 0]
+    for m in attns:
+        m.impl = impl
+    return len(attns)
+
+
+@contextlib.contextmanager
+def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collects the attention probabilities of every layer, (B, h, T, T) each, of the forward passes run inside:
+    the layers compute on the exact path meanwhile (hooks on their ``attend`` softmax), then go back to their own."""
+    maps: list[torch.Tensor] = []
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    before = [m.impl for m in attns]
+    hooks = [m.attend.register_forward_hook(lambda _m, _i, out: maps.append(out)) for m in attns]
+    try:
+        for m in attns:
+            m.impl = "exact"
+        yield maps
+    finally:
+        for m, impl, h in zip(attns, before, hooks):
+            m.impl = impl
+            h.remove()
 
 
 class Mlp(nn.Module):
@@ -90,11 +141,10 @@ class Block(nn.Module):
         self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.proj_drop_rate)
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, attn = self.attn(self.norm1(x), need_weights)
-        x = x + self.drop_path1(a)  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
         x = x + self.drop_path2(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
-        return x, attn
+        return x
 
 
 class PatchEmbed(nn.Module):
@@ -202,16 +252,7 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the encoder and its final LayerNorm, (B, T, D)."""
-        x, _ = self._run_blocks(self.embed(x))
-        return self.norm(x)
-
-    def _run_blocks(self, x: torch.Tensor, need_weights: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        attns = []
-        for blk in self.blocks:
-            x, attn = blk(x, need_weights)
-            if attn is not None:
-                attns.append(attn)
-        return x, attns
+        return self.norm(self.blocks(self.embed(x)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP) into the head."""
@@ -224,18 +265,21 @@ class VisionTransformer(nn.Module):
 
     def forward_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention probabilities of every layer, each (B, heads, T, T), from the exact path."""
-        x, attns = self._run_blocks(self.embed(x), need_weights=True)
-        return self.forward_head(self.norm(x)), attns
+        with record_attention(self) as attns:
+            logits = self(x)
+        return logits, attns
+
+    def set_attention(self, impl: str) -> "VisionTransformer":
+        """``"sdpa"`` (the default), ``"exact"`` or a registered kernel such as ``"cpu_kernel"``: see Attention."""
+        set_attention(self, impl)
+        return self
 
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    # -- checkpoints (defined in hub.py, attached here so users find them on the model) --
-    def save_pretrained(self, directory, **preprocessing) -> None:  # type: ignore[no-untyped-def]
+    def save_pretrained(self, directory: str | os.PathLike, **preprocessing: Any) -> None:
         """Write ``config.json`` + ``model.safetensors`` (+ preprocessing) to ``directory``."""
-        from .hub import save_pretrained
-
         save_pretrained(self, directory, **preprocessing)
 
 

@@ -6,6 +6,8 @@ dependency is a fraction of the size, and upload limits sit in our code where th
 from __future__ import annotations
 
 import io
+from email.parser import BytesParser
+from email.policy import HTTP
 from importlib import resources
 from typing import Any
 
@@ -70,9 +72,6 @@ def _file_part(body: bytes, content_type: str) -> bytes:
     """The bytes of the first file field of a multipart body (or the raw body for other content types)."""
     if not content_type.startswith("multipart/form-data"):
         return body
-    from email.parser import BytesParser
-    from email.policy import HTTP
-
     msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
     for part in msg.iter_parts():
         if part.get_param("name", header="content-disposition") == "file":
@@ -81,7 +80,7 @@ def _file_part(body: bytes, content_type: str) -> bytes:
 
 
 def serve(predictor: Predictor, host: str, port: int, examples=None) -> None:  # type: ignore[no-untyped-def]
-    import uvicorn
+    import uvicorn  # optional: the serve extra
 
     uvicorn.run(create_app(predictor, examples), host=host, port=port, log_level="warning")
 

@@ -8,15 +8,14 @@ import numpy as np
 import torch
 
 from ..model.config import to_2tuple
-from ..model.vit import VisionTransformer
-from ..speed import set_fused_attention
+from ..model.vit import VisionTransformer, set_attention
 
 
 def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, atol: float = 1e-4) -> float:
     """Write ``model`` to ``path`` and return the max abs difference of onnxruntime's logits to PyTorch's on a
     batch of 3 (a different batch size than traced: the batch axis is dynamic). Raises if above ``atol``."""
     m = copy.deepcopy(model).float().eval()
-    set_fused_attention(m, False)  # plain MatMul/Softmax: every ONNX runtime has them
+    set_attention(m, "exact")  # plain MatMul/Softmax: every ONNX runtime has them
     c = m.config
     x = torch.randn(2, c.in_chans, *to_2tuple(c.img_size))
     path = Path(path)
@@ -27,7 +26,7 @@ def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, ato
 
 
 def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3) -> float:
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: the onnx extra
 
     c = model.config
     x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from ..data.datasets import DATASETS
-from ..model.config import check_keys as check_model_keys
+from ..model.config import check_keys
+from ..runtime.precision import PRECISIONS
 from .evaluate import EVAL_BATCH_SIZE
 
 
@@ -61,8 +62,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
-        check_model_keys(self.model_args, "model override")
-        choices = {"opt": ("adamw", "sgd"), "precision": ("fp32", "bf16", "fp16", "auto"),
+        check_keys(self.model_args, "model override")
+        choices = {"opt": ("adamw", "sgd"), "precision": PRECISIONS,
                    "aa": (None, "rand", "trivial")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
@@ -76,11 +77,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        return cls(**d)
+        return cls(**check_keys(d, cls=cls, source=source))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

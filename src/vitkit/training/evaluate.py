@@ -1,26 +1,18 @@
 """Top-1/top-5, loss, per-class accuracy and the confusion matrix of a model on in-memory images."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import ImageTensors
+from ..runtime.precision import autocast_for
 
 # Evaluating 10,000 images of the recipes' models takes about the least time at batch 128-256 and up to 60% longer
 # at 512 (Fashion-MNIST 5-minute model 1.36 vs 2.16 s, CIFAR-10 8.9 vs 13.7 s, bf16; fp32 alike):
 # python benchmarks/eval_batch.py
 EVAL_BATCH_SIZE = 256
-
-
-def autocast_for(device: torch.device, precision: str):  # type: ignore[no-untyped-def]
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @torch.no_grad()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ..compile import has_cxx_compiler
+
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 _CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -48,9 +50,7 @@ def load(verbose: bool = False) -> bool:
     """Build (once) and load the kernel; True when ``torch.ops.vitkit.vit_attention`` is ready to use."""
     if os.environ.get("VITKIT_CPU_KERNELS", "1") == "0" or not cpu_supported():
         return False
-    from torch.utils import cpp_extension
-
-    from ..speed import has_cxx_compiler
+    from torch.utils import cpp_extension  # only here: its import warns "No CUDA runtime" on CPU-only machines
 
     if not (has_cxx_compiler() and cpp_extension.is_ninja_available()):
         return False

@@ -1,7 +1,7 @@
 // Multi-head self-attention for bf16 inference on x86 CPUs with AMX (the paper's Appendix A, eq. 6-7):
 //     out_h = softmax(q_h k_h^T * scale) v_h      for every image and head h
 // read straight from the qkv linear's output, laid out (B, T, 3, H, D), and written as (B, T, H, D), so the
-// projection that follows reads it as (B, T, H*D) with no copy. Built and loaded by vitkit/kernels/__init__.py;
+// projection that follows reads it as (B, T, H*D) with no copy. Built and loaded by vitkit/runtime/kernels/__init__.py;
 // used by vitkit.optimize_for_inference(compile=True) (README, Speed, for the measurements).
 //
 // Per (image, head), on one core: k^T and v are repacked once into AMX's pair-interleaved layout; then for each

@@ -1,0 +1,62 @@
+"""torch.distributed for ``torchrun``: the process group from its environment, and tearing it down safely."""
+from __future__ import annotations
+
+import gc
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) outside a process group."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def launched_distributed() -> bool:
+    """Whether torchrun started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def restart_count() -> int:
+    """How many times torchrun has restarted the group after a failure (0 on the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def init_distributed() -> None:
+    """The process group from torchrun's environment (gloo on CPU, nccl on CUDA). Keys are prefixed with the restart
+    count: after torchrun restarts a failed group, the new ranks must not read the dead ranks' addresses."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent_store, timeout=timedelta(minutes=5))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                            store=dist.PrefixStore(f"vitkit/restart{restart_count()}", store), rank=rank,
+                            world_size=world)
+
+
+def destroy_process_group() -> None:
+    """Tear the group down once nothing holds it: the DDP wrapper keeps the gloo process group alive, and a group
+    freed during interpreter shutdown instead aborts the process now and then (SIGABRT "terminate called without an
+    active exception", or SIGBUS, after the run has finished)."""
+    gc.collect()  # the trainer's reference cycles (closures over it) go now, not at exit
+    dist.destroy_process_group()
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is true on any (a stop request or a NaN must stop all ranks together)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_ints(values: list[int], device: torch.device) -> list[int]:
+    """Rank 0's ``values`` on every rank (one plan for all: ranks time themselves differently)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    t = torch.tensor(values, device=device)
+    dist.broadcast(t, src=0)
+    return [int(v) for v in t]

@@ -1,0 +1,61 @@
+"""Building a run's parts from a TrainConfig: the data, the model (new, or from weights for fine-tuning), its
+preprocessing, and the model as it trains (attention path, DDP, torch.compile). The Trainer calls these; so can
+anyone assembling their own loop."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..data.datasets import DataSplits, load_dataset
+from ..interop.load import load
+from ..model.config import to_2tuple
+from ..model.hub import ADAPTABLE
+from ..model.registry import get_config
+from ..model.vit import VisionTransformer
+from ..runtime.compile import compile_for_training, configure_for_training
+from .config import TrainConfig
+
+
+def build_data(cfg: TrainConfig) -> DataSplits:
+    """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``)."""
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir)
+
+
+def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
+    """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
+    overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
+    if cfg.init:
+        # the architecture comes from the weights; only what fine-tuning may change is taken from the config
+        model = load(cfg.init, **{k: v for k, v in overrides.items() if k in ADAPTABLE})
+        if model.config.in_chans != data.in_chans:
+            raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
+                             f"{data.in_chans}")
+        return model
+    if "img_size" not in cfg.model_args:  # the data's own size, where the preset's patches tile it
+        preset = get_config(cfg.model)
+        p = to_2tuple(preset.patch_size)[0] * preset.input_stride
+        if data.img_size[0] % p == 0 and data.img_size[1] % p == 0:
+            overrides["img_size"] = data.img_size
+    return VisionTransformer(get_config(cfg.model, **overrides))
+
+
+def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSplits) -> dict[str, Any]:
+    """Mean, std and class names saved with every checkpoint. Fine-tuning keeps the weights' own statistics."""
+    pre = getattr(model, "preprocessing", None) or {}
+    if cfg.init and len(pre.get("mean") or []) == model.config.in_chans:
+        mean, std = pre["mean"], pre["std"]
+    else:
+        mean, std = data.mean_std()
+    return {"mean": mean, "std": std, "class_names": data.classes}
+
+
+def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, precision: str, world: int,
+                       log: Callable[[str], None] = print) -> nn.Module:
+    """``model`` as the training step calls it: the attention path for ``precision`` on ``device``, wrapped in DDP
+    when there are several processes, compiled when ``cfg.compile``. Its parameters are ``model``'s own."""
+    configure_for_training(model, device, precision)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return compile_for_training(model, device, log) if cfg.compile else model

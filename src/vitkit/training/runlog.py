@@ -1,0 +1,77 @@
+"""A run folder's record of itself: ``config.yaml``, ``metrics.jsonl`` (one row per epoch), TensorBoard events and
+``curves.png``. Only the main process writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+
+class RunLog:
+    """Writes into ``out`` (nothing when ``out`` is None or ``enabled`` is False, as on ranks other than 0)."""
+
+    def __init__(self, out: Path | None, enabled: bool = True, log: Callable[[str], None] = print) -> None:
+        self.out = out if enabled else None
+        self.log = log
+        self.writer: Any = None
+
+    def open(self, config: dict[str, Any]) -> None:
+        """Create the folder, write the resolved config and start the TensorBoard writer."""
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard (≈1 s): only for a run folder
+
+            self.writer = SummaryWriter(str(self.out / "tb"))
+        except ImportError:  # tensorboard is a dependency, but a broken install should not stop training
+            self.log("tensorboard not importable: no TensorBoard events")
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        """One epoch's metrics: a line of ``metrics.jsonl`` and TensorBoard scalars at ``row["step"]``."""
+        if self.out is None:
+            return
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if k not in ("epoch", "step") and isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, row["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Close the TensorBoard writer and draw ``curves.png`` from ``metrics.jsonl``."""
+        if self.out is None:
+            return
+        if self.writer is not None:
+            self.writer.close()
+        plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+
+
+def plot_curves(metrics_jsonl: Path, out: Path) -> None:
+    """Loss and validation top-1 per epoch from a run's ``metrics.jsonl``."""
+    if not Path(metrics_jsonl).is_file():
+        return
+    rows = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    import matplotlib  # matplotlib's import (≈0.5 s) is paid once, when a run ends
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
+
+    val = [r for r in rows if "val_top1" in r]  # epochs skipped by --eval-every have no validation metrics
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot([r["epoch"] for r in rows], [r["train_loss"] for r in rows], label="train loss")
+    a.plot([r["epoch"] for r in val], [r["val_loss"] for r in val], label="val loss")
+    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.set_title("Loss"), a.legend(), a.grid(alpha=0.3)
+    b.plot([r["epoch"] for r in val], [r["val_top1"] for r in val], color="tab:green", marker="o", ms=3)
+    b.set_xlabel("epoch"), b.set_ylabel("top-1 (%)"), b.grid(alpha=0.3)
+    if val:
+        b.set_title(f"Validation top-1 (best {max(r['val_top1'] for r in val):.2f}%)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
