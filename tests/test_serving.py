@@ -87,7 +87,7 @@ def test_api_predicts_top5_with_overlay_and_rejects_hostile_uploads(bomb):
     probs = [t["prob"] for t in body["top"]]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
     r = c.post("/api/predict", files={"file": ("bomb.png", bomb, "image/png")})
-    assert r.status_code == 400 and "pixels is more than the limit" in r.json()["error"]
+    assert r.status_code == 400 and "pixels, more than the limit of 1,000,000" in r.json()["error"]
     r = c.post("/api/predict", files={"file": ("x.png", b"hello, not an image", "image/png")})
     assert r.status_code == 400 and "not an image" in r.json()["error"]
     r = c.post("/api/predict", files={"file": ("big.png", os.urandom(3_000_000), "image/png")})
@@ -152,7 +152,7 @@ def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
             assert src.startswith("data:image/png;base64,") and len(src) > 1000
             page.set_input_files("#file", str(tmp_path / "bomb.png"))
             page.wait_for_selector("#error:visible")
-            assert "pixels is more than the limit" in page.inner_text("#error")
+            assert "pixels, more than the limit of 40,000,000" in page.inner_text("#error")
             page.set_input_files("#file", str(tmp_path / "notes.txt"))
             page.wait_for_function("document.querySelector('#error').textContent.includes('not an image')")
             page.locator("#examples img").first.click()  # the server is still up and answering

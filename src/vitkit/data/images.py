@@ -6,7 +6,7 @@ import io
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError)
 
 
@@ -18,19 +18,55 @@ class BadImageError(ValueError):
         self.path = path
 
 
-def open_image(data: bytes, path: str = "<bytes>", max_pixels: int | None = None) -> Image.Image:
-    """Decode fully (so truncated files fail here, not later), EXIF orientation applied, first frame only."""
+def open_image(data: bytes, path: str = "<bytes>", max_pixels: int | None = None,
+               max_side: int | None = None) -> Image.Image:
+    """Decode fully (so truncated files fail here, not later), EXIF orientation applied, first frame only;
+    with ``max_side``, no larger than that on its longer side (see decode_within)."""
+    return decode_within(data, path, max_pixels, max_side)[0]
+
+
+def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = None,
+                  max_side: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """The image (as open_image) and its full size (H, W) after EXIF rotation. With ``max_side`` the image is
+    made to fit in max_side x max_side, aspect kept, *while* it is read: a JPEG is decoded at a reduced scale
+    (``Image.draft``: DCT scaling, never below the wanted size), anything else shrunk right after decoding. So a
+    12-megapixel photo costs its file size and a thumbnail, not 36 MB of pixels."""
     try:
         img = Image.open(io.BytesIO(data))
         if max_pixels is not None and img.width * img.height > max_pixels:
-            raise BadImageError(path, f"{img.width}x{img.height} pixels is more than the limit of {max_pixels}")
+            raise BadImageError(path, f"{img.width}x{img.height} = {img.width * img.height:,} pixels, more than the "
+                                      f"limit of {max_pixels:,}")
         img.seek(0)
+        rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
+        full = (img.width, img.height) if rotated else (img.height, img.width)
+        box = _fit(full, max_side) if max_side else None
+        if box is not None and img.format == "JPEG":
+            img.draft(img.mode, (box[0], box[1]) if rotated else (box[1], box[0]))  # (W, H) as stored
         img.load()
-        return ImageOps.exif_transpose(img)
+        img = ImageOps.exif_transpose(img)
+        if box is not None and (img.height, img.width) != box:
+            img = _resizable(img).resize((box[1], box[0]), Image.BICUBIC, reducing_gap=2.0)
     except BadImageError:
         raise
     except DECODE_ERRORS as e:
         raise BadImageError(path, f"{type(e).__name__}: {e}") from None
+    return img, full
+
+
+def _resizable(img: Image.Image) -> Image.Image:
+    """A mode that resizes with interpolation: palettes become L/RGB(A), high bit depths 8-bit (to_8bit)."""
+    if img.mode == "P":
+        alpha = "transparency" in img.info
+        return img.convert(("LA" if alpha else "L") if _p_is_gray(img) else ("RGBA" if alpha else "RGB"))
+    return to_8bit(img) if img.mode != "1" else img.convert("L")
+
+
+def _fit(hw: tuple[int, int], max_side: int) -> tuple[int, int] | None:
+    """(H, W) scaled to fit in max_side x max_side; None when it already fits."""
+    if max(hw) <= max_side:
+        return None
+    scale = max_side / max(hw)
+    return max(1, round(hw[0] * scale)), max(1, round(hw[1] * scale))
 
 
 def is_gray(img: Image.Image) -> bool:
@@ -42,8 +78,26 @@ def _p_is_gray(img: Image.Image) -> bool:
     return r.tobytes() == g.tobytes() == b.tobytes()
 
 
+def to_8bit(img: Image.Image) -> Image.Image:
+    """High bit depth grayscale (16-bit PNG/TIFF as I;16 or I, 32-bit float as F) to 8-bit "L" by *scaling*, not
+    clipping: PIL's own convert("L") clips I;16 at 255, which turns a 16-bit gradient into two values.
+    Integer images take the 16-bit range (0-65535, as PNG and TIFF store them); float images 0-1 when their values
+    lie there, else 0-255."""
+    if img.mode not in ("I", "F") and not img.mode.startswith("I;16"):
+        return img
+    a = np.asarray(img)
+    if a.dtype.kind == "f":
+        a = np.nan_to_num(a.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        scale = 255.0 if a.size and a.min() >= 0 and a.max() <= 1 else 1.0
+        out = np.clip(a * scale, 0, 255)
+    else:
+        out = np.clip(a.astype(np.float64), 0, 65535) * (255.0 / 65535.0)
+    return Image.fromarray(np.round(out).astype(np.uint8), mode="L")
+
+
 def to_array(img: Image.Image, channels: int, size: tuple[int, int] | None = None) -> np.ndarray:
     """(C, H, W) uint8 with ``channels`` 1 or 3; transparency composited on white; resized to ``size`` (H, W)."""
+    img = to_8bit(img)
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,9 @@ def decode_upload(data: bytes, limits: Limits) -> Image.Image:
         with Image.open(io.BytesIO(data)) as probe:
             fmt = probe.format
     except Image.DecompressionBombError as e:  # PIL refuses at open when far above its own limit
-        raise UploadError(f"{e.args[0].split(' exceeds')[0]}: pixels is more than the limit of "
-                          f"{limits.max_pixels} pixels") from None
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        has = f"the image has {int(found[1]):,} pixels" if found else "the image has too many pixels"
+        raise UploadError(f"{has}, more than the limit of {limits.max_pixels:,}") from None
     except Exception:  # noqa: BLE001 - anything PIL cannot identify is "not an image" to the user
         raise UploadError("not an image PIL can read; upload PNG, JPEG, WebP, BMP or GIF") from None
     if fmt not in ALLOWED_FORMATS:

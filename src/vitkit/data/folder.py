@@ -1,0 +1,161 @@
+"""An ImageFolder tree, or a zip of one, decoded into memory: ``train/<class>/*`` and ``val/`` or ``test/``.
+
+Images are shrunk as they are read, files that operating systems leave beside photos are passed over, anything
+unreadable is named, and the decoded tensors are cached under a key that changes whenever any file does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..model.serialization import atomic_write
+from .splits import DataSplits, ImageTensors
+from .images import BadImageError, decode_within, is_gray, to_array
+
+MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+
+
+class _Source:
+    """A folder or a zip file with the ImageFolder layout ``{train,val|test}/<class>/<image>``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        if self.zip is None and not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such folder or zip file")
+        names = self.zip.namelist() if self.zip else [str(p.relative_to(path)) for p in path.rglob("*")]
+        self.files: dict[str, dict[str, list[str]]] = {}  # split -> class -> files
+        self.dirs: dict[str, set[str]] = {}
+        for n in sorted(names):
+            parts = Path(n).parts
+            if any(is_junk(p) for p in parts):
+                continue
+            # accept one wrapping folder (cifar10/train/...), as zips are often made that way
+            for i in range(len(parts) - 1):
+                if parts[i] in ("train", "val", "test") and len(parts) - i in (2, 3):
+                    split = parts[i]
+                    is_class_dir = len(parts) - i == 2  # zip directory entry or real folder
+                    if is_class_dir and self.zip is None and not (path / n).is_dir():
+                        break  # a stray file directly under train/
+                    self.dirs.setdefault(split, set()).add(parts[i + 1])
+                    if not is_class_dir and Path(n).suffix.lower() in IMAGE_EXTENSIONS:
+                        self.files.setdefault(split, {}).setdefault(parts[i + 1], []).append(n)
+                    break
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.zip else str(self.path / name)
+
+    def read(self, name: str) -> bytes:
+        """The file's bytes; an entry too large to be an image, or a file that cannot be read (a symlink loop, a
+        permission), is a BadImageError naming it, so --skip-bad-images can pass over it."""
+        try:
+            size = self.zip.getinfo(name).file_size if self.zip else (self.path / name).stat().st_size
+            if size > MAX_IMAGE_BYTES:  # known before a byte is inflated: a zip bomb is refused at once
+                raise BadImageError(self.where(name), f"{size:,} bytes, more than the {MAX_IMAGE_BYTES:,} an image "
+                                                      "file may have")
+            return self.zip.read(name) if self.zip else (self.path / name).read_bytes()
+        except (OSError, zipfile.BadZipFile) as e:
+            raise BadImageError(self.where(name), f"cannot read it ({type(e).__name__}: {e})") from None
+
+    def fingerprint(self) -> str:
+        """Changes whenever any image file does: every file's size and modification time (a zip's own, and each
+        entry's CRC), so images overwritten in place under the same names are decoded again."""
+        st = self.path.stat()
+        if self.zip is not None:
+            listing = [(i.filename, i.file_size, i.CRC) for i in self.zip.infolist()]
+        else:
+            listing = []
+            for files in self.files.values():
+                for names in files.values():
+                    for n in names:
+                        try:
+                            f = (self.path / n).stat()
+                            listing.append((n, f.st_size, f.st_mtime_ns))
+                        except OSError:
+                            listing.append((n, -1, -1))
+        digest = hashlib.sha256(json.dumps(sorted(listing)).encode()).hexdigest()
+        return f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{digest}"
+
+
+def is_junk(name: str) -> bool:
+    """What operating systems leave beside photos: macOS's __MACOSX/ and ._* AppleDouble files, .DS_Store,
+    Windows' Thumbs.db and desktop.ini, and any other hidden file or folder."""
+    return name.startswith(".") or name in ("__MACOSX", "Thumbs.db", "desktop.ini")
+
+
+def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
+                       cache_dir: str | None = None, progress: Callable | None = None,
+                       max_side: int = 128) -> DataSplits:
+    """Decode an ImageFolder tree (or a zip of one) into memory as uint8, all at one size (``size``, else the most
+    common size, scaled down to at most ``max_side`` pixels); cached under ``cache_dir`` by fingerprint."""
+    src = _Source(Path(path))
+    if "train" not in src.dirs:
+        raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
+                                f"{sorted(src.dirs) or 'none'}")
+    val_split = "val" if "val" in src.dirs else "test" if "test" in src.dirs else None
+    if val_split is None:
+        raise FileNotFoundError(f"{path}: found train/ but neither val/ nor test/")
+    classes = sorted(src.dirs["train"])
+    for split in ("train", val_split):
+        for c in sorted(src.dirs[split]):
+            if not src.files.get(split, {}).get(c):
+                raise ValueError(f"{path}: class folder {split}/{c} has no images")
+    if set(src.dirs[val_split]) != set(classes):
+        only_t = sorted(set(classes) - set(src.dirs[val_split]))
+        only_v = sorted(set(src.dirs[val_split]) - set(classes))
+        raise ValueError(f"{path}: classes differ between train/ and {val_split}/: only in train {only_t}, "
+                         f"only in {val_split} {only_v}")
+    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}".encode()).hexdigest()[:24]
+    cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
+    if cache is not None and cache.is_file():
+        t = load_file(str(cache))
+        meta = json.loads(Path(str(cache) + ".json").read_text())
+        return DataSplits(f"folder:{path}", ImageTensors(t["train_x"], t["train_y"]),
+                          ImageTensors(t["val_x"], t["val_y"]), meta["classes"], meta["skipped"])
+    items = {s: [(n, ci) for ci, c in enumerate(classes) for n in src.files[s][c]] for s in ("train", val_split)}
+    decoded: dict[str, list] = {}
+    full_sizes: Counter = Counter()
+    skipped = 0
+    for s, lst in items.items():
+        imgs = []
+        for n, ci in (progress(lst, desc=f"decoding {s}") if progress else lst):
+            try:  # each image shrunk to fit max_side as it is read: memory is bounded by the result's size
+                img, full = decode_within(src.read(n), src.where(n), max_side=max(size) if size else max_side)
+            except BadImageError:
+                if not skip_bad_images:
+                    raise
+                skipped += 1
+                continue
+            imgs.append((img, ci))
+            full_sizes[full] += 1
+        decoded[s] = imgs
+    every = decoded["train"] + decoded[val_split]
+    if not every:
+        raise ValueError(f"{path}: no decodable images")
+    channels = 1 if all(is_gray(im) for im, _ in every) else 3
+    if size is None:  # the most common size wins; the others are resized to it
+        size = full_sizes.most_common(1)[0][0]
+        if max(size) > max_side:  # large photos are kept in memory at a training-friendly size
+            scale = max_side / max(size)
+            size = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
+    tensors = []
+    for s in ("train", val_split):
+        x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))
+        y = torch.tensor([ci for _, ci in decoded[s]], dtype=torch.int64)
+        tensors.append(ImageTensors(x, y))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(str(cache) + ".json"), lambda p: p.write_text(json.dumps({"classes": classes,
+                                                                                     "skipped": skipped})))
+        atomic_write(cache, lambda p: save_file({"train_x": tensors[0].images, "train_y": tensors[0].labels,
+                                                 "val_x": tensors[1].images, "val_y": tensors[1].labels}, str(p)))
+    return DataSplits(f"folder:{path}", tensors[0], tensors[1], classes, skipped)

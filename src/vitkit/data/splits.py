@@ -1,0 +1,50 @@
+"""What every dataset loader returns: uint8 images and int64 labels in memory, a train and a validation split."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ImageTensors:
+    images: torch.Tensor  # uint8 (N, C, H, W)
+    labels: torch.Tensor  # int64 (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.ndim != 4 or len(self.images) != len(self.labels):
+            raise ValueError(f"images must be uint8 (N, C, H, W) matching labels (N,); got {self.images.dtype} "
+                             f"{tuple(self.images.shape)} and {tuple(self.labels.shape)}")
+
+
+@dataclass
+class DataSplits:
+    name: str
+    train: ImageTensors
+    val: ImageTensors
+    classes: list[str]
+    skipped: int = 0  # bad images skipped with --skip-bad-images
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def in_chans(self) -> int:
+        return self.train.images.shape[1]
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return tuple(self.train.images.shape[2:])  # type: ignore[return-value]
+
+    def mean_std(self) -> tuple[list[float], list[float]]:
+        x = self.train.images[:20000].float().div_(255)
+        return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
+
+    def describe(self) -> str:
+        h, w = self.img_size
+        return (f"{self.name}: {len(self.train)} train / {len(self.val)} val images, {h}x{w}x{self.in_chans}, "
+                f"{self.num_classes} classes" + (f", {self.skipped} bad images skipped" if self.skipped else ""))
