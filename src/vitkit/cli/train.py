@@ -62,7 +62,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # noqa: F821
     """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
     from ..data.datasets import default_cache_dir, load_dataset
-    from ..training.config import TrainConfig, read_yaml
+    from ..training.checkpoint import recover_run
+    from ..training.config import TrainConfig, read_yaml, safe_yaml
     from ..training.recipes import choose_recipe
 
     given = {k: v for k, v in vars(args).items()
@@ -72,10 +73,11 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     saved: dict[str, Any] = {}
     if resume:
         run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
+        recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
         if resume == "auto" and not (run_dir / "last").exists():
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
-            saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+            saved = safe_yaml(run_dir / "config.yaml")
             given["resume"] = str(run_dir)
             given.setdefault("output", str(run_dir))
         else:

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from ..model.serialization import CONFIG_NAME
+from ..model.serialization import CONFIG_NAME, read_safetensors, torch_load_safely
 
 
 def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -18,14 +16,8 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found")
     if p.suffix == ".safetensors":
-        return load_file(str(p))
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{p}: refused to load; it is not a plain tensor checkpoint and unpickling it could run "
-                         f"code ({str(e).splitlines()[0]})") from None
-    except Exception as e:  # noqa: BLE001 - zip/format errors come in many types
-        raise ValueError(f"{p}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+        return read_safetensors(p)
+    obj = torch_load_safely(p)
     for key in ("state_dict", "model", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]

@@ -5,6 +5,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .fields import check_keys, check_range, coerce_fields
+
 POOLS = ("cls", "gap")
 POS_EMBEDS = ("learn", "sincos2d", "none")
 
@@ -49,12 +51,17 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        coerce_fields(self, "ViTConfig")  # types first: "4", 4.0 and [4, 4] are taken as meant; "four", 4.5 are not
         # Normalise tuples given as lists (YAML / JSON) so configs compare and hash equal.
         for name in ("img_size", "patch_size"):
             v = getattr(self, name)
             if not isinstance(v, int):
                 v = to_2tuple(v)
                 object.__setattr__(self, name, v[0] if v[0] == v[1] else v)
+        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
+            if getattr(self, name) < (0 if name == "num_classes" else 1):
+                raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}")
+        self._check_bounds()
         if self.pool not in POOLS:
             raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
         if self.pos_embed not in POS_EMBEDS:
@@ -63,13 +70,23 @@ class ViTConfig:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ValueError(f"pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
-        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
-            if getattr(self, name) < (0 if name == "num_classes" else 1):
-                raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}")
         (h, w), (ph, pw), s = to_2tuple(self.img_size), to_2tuple(self.patch_size), self.input_stride
         if h % (ph * s) or w % (pw * s):
             raise ValueError(f"img_size {(h, w)} must be a multiple of the patch size {(ph * s, pw * s)}"
                              + (f" (patch {(ph, pw)} x hybrid stride {s})" if s > 1 else ""))
+
+    def _check_bounds(self) -> None:
+        """Sizes a ViT can have, with room to spare (ViT-22B: depth 48, width 6,144): a hostile config.json is
+        refused here instead of making vitkit allocate a model first and fail later."""
+        for name, hi in (("depth", 1024), ("embed_dim", 65536), ("in_chans", 256), ("num_classes", 1_000_000)):
+            check_range("ViTConfig", name, getattr(self, name), hi=hi)
+        check_range("ViTConfig", "mlp_ratio", self.mlp_ratio, 0, 64, lo_open=True)
+        check_range("ViTConfig", "layer_norm_eps", self.layer_norm_eps, 0, 1, lo_open=True)
+        for name in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
+            check_range("ViTConfig", name, getattr(self, name), 0, 1, hi_open=True)
+        for side, patch in zip(to_2tuple(self.img_size), to_2tuple(self.patch_size)):
+            check_range("ViTConfig", "img_size", side, 1, 16384)
+            check_range("ViTConfig", "patch_size", patch, 1, side)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -91,7 +108,7 @@ class ViTConfig:
         return self.embed_dim // self.num_heads
 
     def replace(self, **overrides: Any) -> "ViTConfig":
-        return dataclasses.replace(self, **check_keys(overrides, "ViTConfig"))
+        return dataclasses.replace(self, **check_keys(overrides, "ViTConfig", ViTConfig))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -99,7 +116,7 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
-        return cls(**check_keys(d, "ViTConfig"))
+        return cls(**check_keys(d, "ViTConfig", cls))
 
 
 def hybrid_stages(spec: str) -> int:
@@ -128,17 +145,6 @@ def hybrid_stride(spec: str) -> int:
     if spec.startswith("conv:"):
         return 2 ** conv_channels(spec).count("M")  # stride-1 convolutions; each max-pooling halves the map
     return 4 * 2 ** (stages - 1)  # stem /4, then each later stage /2
-
-
-def check_keys(d: dict[str, Any], what: str = "", cls: type | None = None, source: str = "") -> dict[str, Any]:
-    """``d`` if every key is a field of the dataclass ``cls`` (ViTConfig by default); else an error naming the
-    unknown keys and the known ones. Every config boundary (model, training) checks its keys here."""
-    known = {f.name for f in dataclasses.fields(cls or ViTConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"{source + ': ' if source else ''}unknown {what + ' ' if what else ''}key(s) {unknown}; "
-                         f"known keys: {sorted(known)}")
-    return dict(d)
 
 
 # Table 1 of the paper: (Layers, Hidden size D, MLP size, Heads). MLP size is always 4·D.

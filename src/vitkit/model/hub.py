@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from .config import ViTConfig
 from .posembed import resample_pos_embed
 from .serialization import (CONFIG_NAME, DEFAULT_PREPROCESSING, WEIGHTS_NAME, atomic_write, fit_channels,
-                            read_config, save_pretrained)
+                            read_config, read_safetensors, safetensors_shapes, save_pretrained)
 from .vit import VisionTransformer
 
 __all__ = ["ADAPTABLE", "CONFIG_NAME", "DEFAULT_PREPROCESSING", "WEIGHTS_NAME", "adapt_state_dict", "atomic_write",
@@ -21,16 +20,26 @@ __all__ = ["ADAPTABLE", "CONFIG_NAME", "DEFAULT_PREPROCESSING", "WEIGHTS_NAME", 
            "save_pretrained"]
 
 
-def load_state_dict_into(model: VisionTransformer, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load ``state`` strictly, naming missing/unexpected keys and mismatched shapes (expected vs found)."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+def check_shapes(own: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], source: str) -> None:
+    """The same keys with the same shapes, or an error naming missing/unexpected keys or the first mismatch."""
+    missing, unexpected = sorted(set(own) - set(found)), sorted(set(found) - set(own))
     if missing or unexpected:
         raise ValueError(f"{source}: keys do not match the model; missing {missing[:8]}, unexpected {unexpected[:8]}")
-    for k, v in state.items():
-        if own[k].shape != v.shape:
-            raise ValueError(f"{source}: {k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
+    for k, shape in found.items():
+        if tuple(own[k]) != tuple(shape):
+            raise ValueError(f"{source}: {k} has shape {tuple(shape)}, the model expects {tuple(own[k])}")
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """The state dict's shapes for ``config``, from a model built on the meta device (no memory for weights)."""
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in VisionTransformer(config).state_dict().items()}
+
+
+def load_state_dict_into(model: VisionTransformer, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` strictly, naming missing/unexpected keys and mismatched shapes (expected vs found)."""
+    check_shapes({k: tuple(v.shape) for k, v in model.state_dict().items()},
+                 {k: tuple(v.shape) for k, v in state.items()}, source)
     model.load_state_dict(state)
 
 
@@ -76,7 +85,9 @@ def from_pretrained(directory: str | os.PathLike, **overrides: Any) -> VisionTra
     wpath = d / WEIGHTS_NAME
     if not wpath.is_file():
         raise FileNotFoundError(f"{wpath} not found")
-    model = build_adapted(src, load_file(str(wpath)), str(wpath), **overrides)
+    # the config is checked against the weights' shapes (read from the file's header) before anything is allocated
+    check_shapes(expected_shapes(src), safetensors_shapes(wpath), f"{wpath} (with {d / CONFIG_NAME})")
+    model = build_adapted(src, read_safetensors(wpath), str(wpath), **overrides)
     if model.config.num_classes != src.num_classes:
         pre = {**pre, "class_names": None}
     model.preprocessing = {**pre, "img_size": model.config.to_dict()["img_size"]}

@@ -7,12 +7,16 @@ can offer ``save_pretrained`` as a method.
 from __future__ import annotations
 
 import json
+import math
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn as nn
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig
 
@@ -52,12 +56,75 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, **preprocess
     atomic_write(d / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2)))
 
 
+def torch_load_safely(path: str | os.PathLike) -> Any:
+    """``torch.load`` with ``weights_only=True`` (tensors and plain values; nothing is unpickled that could run code),
+    its failures turned into one ValueError naming the file: a refused pickle says what it tried to load and never
+    suggests ``weights_only=False``; a truncated or foreign file says so."""
+    p = Path(path)
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line),
+                    "it holds objects other than tensors and plain values")
+        raise ValueError(f"{p}: refused to load: unpickling it could run code ({what}). vitkit reads only tensors "
+                         "and plain values; re-save the weights as safetensors or a plain state dict") from None
+    except Exception as e:  # noqa: BLE001 - zip/format/EOF errors come in many types
+        reason = str(e).split(". ")[0] if str(e) else type(e).__name__
+        raise ValueError(f"{p}: not a readable torch checkpoint (truncated or not one: {reason})") from None
+
+
+def safetensors_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from a safetensors file's header, without reading the tensors."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or damaged: {e})") from None
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, or an error naming it (a truncated file is not a traceback)."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file (truncated or damaged: {e})") from None
+
+
+def check_preprocessing(pre: Any, config: ViTConfig, source: str) -> dict[str, Any]:
+    """``pre`` if it can normalise this model's input: mean and std lists of finite numbers (std > 0) of length 1,
+    3 or the channel count, and as many class names as classes; else an error naming the key."""
+    if not isinstance(pre, dict):
+        raise ValueError(f"{source}: 'preprocessing' must be a mapping, got {type(pre).__name__}")
+    for key in ("mean", "std"):
+        v = pre.get(key, DEFAULT_PREPROCESSING[key])
+        ok = isinstance(v, list) and len(v) in {1, 3, config.in_chans} and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+        if not ok or (key == "std" and min(v) <= 0):
+            counts = " or ".join(str(n) for n in sorted({1, 3, config.in_chans}))
+            raise ValueError(f"{source}: preprocessing {key} must be a list of {counts} finite numbers"
+                             f"{' above 0' if key == 'std' else ''}, got {v!r}")
+    names = pre.get("class_names")
+    if names is not None and (not isinstance(names, list) or len(names) != config.num_classes
+                              or not all(isinstance(n, str) for n in names)):
+        raise ValueError(f"{source}: preprocessing class_names must be {config.num_classes} names (one per class), "
+                         f"got {len(names) if isinstance(names, list) else type(names).__name__}")
+    return pre
+
+
 def read_config(directory: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: expected a folder written by save_pretrained "
                                 f"({CONFIG_NAME} + {WEIGHTS_NAME})")
-    meta = json.loads(path.read_text())
-    if "model" not in meta:
-        raise ValueError(f"{path} has no 'model' section; is it a vitkit folder? (keys: {sorted(meta)})")
-    return ViTConfig.from_dict(meta["model"]), meta.get("preprocessing", dict(DEFAULT_PREPROCESSING))
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise ValueError(f"{path} has no 'model' section; is it a vitkit folder?")
+    try:
+        config = ViTConfig.from_dict(meta["model"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    pre = check_preprocessing(meta.get("preprocessing", dict(DEFAULT_PREPROCESSING)), config, str(path))
+    return config, pre

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..model.hub import atomic_write, save_pretrained
+from ..model.serialization import atomic_write, save_pretrained, torch_load_safely
 from ..model.vit import VisionTransformer
 
 STATE_NAME = "train_state.pt"
@@ -53,8 +53,20 @@ def recover_checkpoint(run_dir: Path, name: str) -> Path | None:
     return final if final.exists() else None
 
 
+def recover_run(run_dir: Path) -> None:
+    """Both checkpoints of a run folder as recover_checkpoint leaves them (a kill between the two renames of a save
+    leaves only ``.last.old`` / ``.best.old``): called before anything decides whether the folder holds a run."""
+    if Path(run_dir).is_dir():
+        for name in ("last", "best"):
+            recover_checkpoint(Path(run_dir), name)
+
+
 def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
     path = ckpt_dir / STATE_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: nothing to resume from")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    state = torch_load_safely(path)
+    missing = sorted({"model", "optimizer", "rng", "epoch", "step"} - set(state if isinstance(state, dict) else ()))
+    if missing:
+        raise ValueError(f"{path}: not a vitkit training state (missing {missing})")
+    return state

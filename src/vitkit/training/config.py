@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from ..data.datasets import DATASETS
-from ..model.config import check_keys
+from ..model.config import ViTConfig
+from ..model.fields import check_keys, check_range, coerce_fields
 from ..runtime.precision import PRECISIONS
 from .evaluate import EVAL_BATCH_SIZE
 
@@ -60,9 +61,10 @@ class TrainConfig:
     resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
 
     def __post_init__(self) -> None:
+        coerce_fields(self, "train config")  # YAML's `lr: 1e-3` is a string to PyYAML: taken as the number meant
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
-        check_keys(self.model_args, "model override")
+        check_keys(self.model_args, "model override", ViTConfig)
         choices = {"opt": ("adamw", "sgd"), "precision": PRECISIONS,
                    "aa": (None, "rand", "trivial")}
         for k, allowed in choices.items():
@@ -71,6 +73,18 @@ class TrainConfig:
         for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "eval_every"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
+        for k, lo, hi, lo_open, hi_open in (
+                ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
+                ("body_lr_scale", 0, None, False, False),
+                ("momentum", 0, 1, False, True), ("weight_decay", 0, None, False, False),
+                ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, True, False),
+                ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),
+                ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
+                ("model_ema_decay", 0, 1, True, True)):
+            check_range("train config", k, getattr(self, k), lo, hi, lo_open, hi_open)
+        if self.time_limit is not None and self.time_limit <= 0:
+            raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
+                             f"{self.time_limit:g}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,10 +98,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {p} not found")
-    d = yaml.safe_load(p.read_text()) or {}
+    d = safe_yaml(p)
     if not isinstance(d, dict):
         raise ValueError(f"{p}: expected a mapping of TrainConfig keys, got {type(d).__name__}")
     return d
+
+
+def safe_yaml(path: Path) -> Any:
+    """A YAML file's plain values (no ``!!python`` tags: safe_load refuses them), or an error naming the file."""
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not a plain YAML file of keys and values ({' '.join(str(e).split())})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
 
 
 def recipe(name: str, time_limit: float | None = None) -> dict[str, Any]:

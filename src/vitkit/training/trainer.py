@@ -26,7 +26,7 @@ from ..runtime.distributed import any_rank, broadcast_ints, rank_and_world
 from ..runtime.precision import autocast_for, precision_note, resolve_precision
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
-from .checkpoint import load_train_state, recover_checkpoint, save_checkpoint
+from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .evaluate import evaluate
 from .optim import build_optimizer, lr_at, set_lr
@@ -102,8 +102,9 @@ class Trainer:
                 "elapsed_s": self.elapsed(), "world": self.world}
 
     def _resume(self, run_dir: Path) -> None:
-        ckpt = recover_checkpoint(run_dir, "last")
-        if ckpt is None:
+        recover_run(run_dir)
+        ckpt = run_dir / "last"
+        if not ckpt.is_dir():
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         s = load_train_state(ckpt)
         load_state_dict_into(self.model, s["model"], str(ckpt / "train_state.pt"))
