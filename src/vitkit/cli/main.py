@@ -66,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, OSError) as e:  # bad input: a message naming it, never a traceback
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
         return 2

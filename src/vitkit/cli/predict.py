@@ -7,7 +7,7 @@ import json
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...)")
+    p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--device", default="auto")
@@ -17,8 +17,9 @@ def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dic
     """Top-k per image file: EXIF orientation applied, transparency on white, channels and size as the model wants."""
     import torch
 
-    from ..data.preprocess import images_to_tensor, load_images
+    from ..data.preprocess import image_files, images_to_tensor, load_images
 
+    paths = image_files(paths)
     device = next(model.parameters()).device
     x = images_to_tensor(load_images(paths), preprocessing, model.config).to(device)
     probs = torch.softmax(model(x).float(), dim=-1)

@@ -54,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
     pre = preprocessing_of(model)
     predictor = Predictor(model, pre, Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels))
     examples = _examples(args, predictor.names, args.num_examples)
-    print(f"vitkit demo on http://{args.host}:{args.port}  ({len(examples)} example images)", flush=True)
-    serve(predictor, args.host, args.port, examples)
+    serve(predictor, args.host, args.port, examples,
+          on_ready=lambda url: print(f"vitkit demo on {url}  ({len(examples)} example images)", flush=True))
     return 0

@@ -137,6 +137,9 @@ def _default_output(args: argparse.Namespace, dataset: str | None = None) -> str
 
 def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
     out = Path(cfg.output)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--output {out} is a file, not a folder; choose another --output (nothing was "
+                              "overwritten)")
     if not cfg.resume and out.exists() and any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
         raise FileExistsError(f"{out} already holds a run; use --resume auto to continue it, or another --output "
                               "(nothing was overwritten)")

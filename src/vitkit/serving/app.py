@@ -5,14 +5,19 @@ dependency is a fraction of the size, and upload limits sit in our code where th
 """
 from __future__ import annotations
 
+import asyncio
 import io
+import socket
 from email.parser import BytesParser
 from email.policy import HTTP
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
+
+import anyio
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from PIL import Image
 
 from .predictor import Limits, Predictor, UploadError
@@ -47,23 +52,39 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
             return error(f"no example {i}", 404)
         return Response(pngs[i][1], media_type="image/png")
 
+    limits = predictor.limits
+    workers = anyio.CapacityLimiter(limits.workers)  # inference runs here, off the event loop: the page still answers
+    queue = {"waiting": 0}
+
     @app.post("/api/predict")
-    async def predict(request: Request) -> JSONResponse:
+    async def predict(request: Request) -> Response:
         # read the body ourselves, stopping at the limit: the client's filename is never looked at
         length = int(request.headers.get("content-length") or 0)
-        limit = predictor.limits.max_bytes
+        limit = limits.max_bytes
         if length > limit + 64 * 1024:
             return error(f"upload is {length / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB", 413)
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit + 64 * 1024:
-                return error(f"upload is larger than the limit of {limit / 1e6:.0f} MB", 413)
-        data = _file_part(bytes(body), request.headers.get("content-type", ""))
         try:
-            return JSONResponse(predictor(data))
+            async with asyncio.timeout(limits.body_timeout_s):  # a slow or stalled upload does not hold a slot
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit + 64 * 1024:
+                        return error(f"upload is larger than the limit of {limit / 1e6:.0f} MB", 413)
+        except TimeoutError:
+            return error(f"the upload took longer than {limits.body_timeout_s:g} s; try again or a smaller file", 408)
+        except ClientDisconnect:  # the client left: nobody to answer, nothing to log
+            return Response(status_code=400)
+        if queue["waiting"] >= limits.max_queue:
+            return JSONResponse({"error": "the server is busy; retry in a moment"}, status_code=503,
+                                headers={"Retry-After": "1"})
+        queue["waiting"] += 1
+        try:
+            data = _file_part(bytes(body), request.headers.get("content-type", ""))
+            return JSONResponse(await anyio.to_thread.run_sync(predictor, data, limiter=workers))
         except UploadError as e:
             return error(str(e), e.status)
+        finally:
+            queue["waiting"] -= 1
 
     return app
 
@@ -73,16 +94,29 @@ def _file_part(body: bytes, content_type: str) -> bytes:
     if not content_type.startswith("multipart/form-data"):
         return body
     msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+    if msg.defects or not msg.is_multipart():
+        raise UploadError("malformed upload: expected a multipart form with the image in a field named 'file'")
     for part in msg.iter_parts():
         if part.get_param("name", header="content-disposition") == "file":
             return part.get_payload(decode=True) or b""
-    return b""
+    raise UploadError("malformed upload: the form has no field named 'file'")
 
 
-def serve(predictor: Predictor, host: str, port: int, examples=None) -> None:  # type: ignore[no-untyped-def]
+def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ignore[no-untyped-def]
+          on_ready: Callable[[str], None] = print) -> None:
+    """Serve until interrupted. The socket is bound first, so ``on_ready`` is told the real address (``port`` 0
+    picks a free one). Connections past ``limits.max_connections`` are answered 503 by uvicorn."""
     import uvicorn  # optional: the serve extra
 
-    uvicorn.run(create_app(predictor, examples), host=host, port=port, log_level="warning")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    real_port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(predictor, examples), log_level="warning", timeout_keep_alive=5,
+                            limit_concurrency=predictor.limits.max_connections)
+    on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{real_port}")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 __all__ = ["create_app", "serve", "Limits", "Predictor"]

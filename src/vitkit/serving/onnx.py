@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.preprocess import preprocessing_of
 from ..model.config import to_2tuple
+from ..model.serialization import atomic_write
 from ..model.vit import VisionTransformer, set_attention
 
 
@@ -22,7 +25,20 @@ def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, ato
     batch = torch.export.Dim("batch", min=1, max=4096)
     torch.onnx.export(m, (x,), str(path), input_names=["pixel_values"], output_names=["logits"], opset_version=opset,
                       dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False)
+    write_metadata(path, {"vitkit.config": m.config.to_dict(), "vitkit.preprocessing": preprocessing_of(model)})
     return check_onnx(m, path, atol)
+
+
+def write_metadata(path: Path, values: dict[str, object]) -> None:
+    """Store ``values`` as JSON strings in the ONNX file's metadata_props, so the file alone says how to feed it
+    (mean, std, image size, class names: ``onnxruntime.InferenceSession(p).get_modelmeta().custom_metadata_map``)."""
+    import onnx  # optional: the onnx extra
+
+    proto = onnx.load(str(path))
+    for key, value in values.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+    atomic_write(path, lambda p: onnx.save(proto, str(p)))
 
 
 def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3) -> float:

@@ -31,6 +31,10 @@ class UploadError(ValueError):
 class Limits:
     max_bytes: int = 10 * 1024 * 1024
     max_pixels: int = 40_000_000  # a 40-megapixel photo decodes; a decompression bomb does not
+    body_timeout_s: float = 30.0  # the whole upload must arrive within this
+    workers: int = 1  # predictions at once (each uses the machine's threads)
+    max_queue: int = 32  # predictions waiting or running; beyond it "busy, retry" (503)
+    max_connections: int = 64  # open connections; beyond it uvicorn answers 503
 
 
 def decode_upload(data: bytes, limits: Limits) -> Image.Image:
