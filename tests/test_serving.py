@@ -153,6 +153,8 @@ def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
             page.set_input_files("#file", str(tmp_path / "bomb.png"))
             page.wait_for_selector("#error:visible")
             assert "pixels, more than the limit of 40,000,000" in page.inner_text("#error")
+            assert page.locator("#top .label").count() == 0  # the previous prediction is not left beside the error
+            assert not page.is_visible("#overlay")
             page.set_input_files("#file", str(tmp_path / "notes.txt"))
             page.wait_for_function("document.querySelector('#error').textContent.includes('not an image')")
             page.locator("#examples img").first.click()  # the server is still up and answering
