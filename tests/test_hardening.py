@@ -21,7 +21,7 @@ from PIL import Image
 import vitkit
 from helpers import write_digits_folder
 from vitkit.cli.main import main
-from vitkit.data.folder import load_folder_splits
+from vitkit.data.datasets import load_folder_splits
 from vitkit.data.images import BadImageError, open_image, to_array
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
