@@ -366,3 +366,17 @@ def test_time_limit_with_grad_accum_probes_each_step_once():
     # with --grad-accum 2 the step count stays at 5 for two micro-batches; probing both divided by zero
     r = Trainer(_cfg(epochs=10_000, time_limit=0.1, grad_accum=2, batch_size=16), log=_quiet, progress=False).fit()
     assert 1 <= r.epochs < 10_000 and not r.stopped_early
+
+
+def test_small_grayscale_folders_are_not_flipped_unless_asked(tmp_path, capsys):
+    import yaml
+
+    root = str(write_digits_folder(tmp_path / "f", per_class=8, size=28))  # fashion-mnist recipe: hflip true
+    for extra, flips in (([], False), (["--hflip"], True)):
+        out = tmp_path / f"run{len(extra)}"
+        assert main(["train", "--dataset", "folder", "--data-dir", root, "--epochs", "1", "-b", "16", "--depth", "1",
+                     "--no-compile", "--output", str(out), "--cache-dir", str(tmp_path / "c"), *extra]) == 0
+        text = capsys.readouterr().out
+        assert "configs/fashion-mnist.yaml" in text
+        assert yaml.safe_load((out / "config.yaml").read_text())["hflip"] is flips
+        assert ("no horizontal flips" in text) is not flips

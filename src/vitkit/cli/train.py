@@ -97,6 +97,12 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
         else:
             name = dataset
         merged.update({k: v for k, v in _recipe_for_budget(name, time_limit).items() if k != "dataset"})
+        if data is not None and merged.get("hflip") and data.in_chans == 1 and max(data.img_size) <= 48:
+            # a mirrored digit or letter is another symbol (or none): flipping would teach wrong labels
+            merged["hflip"] = False
+            if "hflip" not in given and "hflip" not in file_cfg:
+                print("no horizontal flips: small grayscale images are often digits or characters, which a flip "
+                      "changes (--hflip to flip anyway)")
     for layer in (saved, file_cfg, given, {"model_args": model_overrides(args)}):
         # model_args merge key by key: a --config or flag changing the depth keeps the recipe's width
         merged.update({k: v for k, v in layer.items() if k != "model_args"})
