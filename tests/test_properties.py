@@ -26,13 +26,19 @@ def _fields(cls):  # type: ignore[no-untyped-def]
     return [f.name for f in dataclasses.fields(cls)]
 
 
+def _take_or_refuse(cls, d):  # type: ignore[no-untyped-def]
+    """The config ``d`` makes, or None when it was refused with a message (any other exception fails the test)."""
+    try:
+        return cls.from_dict(d)
+    except ValueError as e:
+        assert str(e)  # a message, naming what was wrong
+        return None
+
+
 @FAST
 @given(st.dictionaries(st.sampled_from(_fields(ViTConfig) + ["embed_size", "dpeth"]), ANY_VALUE, max_size=4))
 def test_vit_config_takes_or_refuses_any_mapping(d):
-    try:
-        c = ViTConfig.from_dict(d)
-    except ValueError as e:
-        assert str(e)  # a message, naming what was wrong
+    if (c := _take_or_refuse(ViTConfig, d)) is None:
         return
     assert 1 <= c.depth <= 1024 and 1 <= c.embed_dim <= 65536 and c.embed_dim % c.num_heads == 0
     assert isinstance(c.depth, int) and not isinstance(c.depth, bool)
@@ -45,10 +51,7 @@ def test_vit_config_takes_or_refuses_any_mapping(d):
 @FAST
 @given(st.dictionaries(st.sampled_from(_fields(TrainConfig) + ["epoch", "learning_rate"]), ANY_VALUE, max_size=4))
 def test_train_config_takes_or_refuses_any_mapping(d):
-    try:
-        c = TrainConfig.from_dict(d)
-    except ValueError as e:
-        assert str(e)
+    if (c := _take_or_refuse(TrainConfig, d)) is None:
         return
     assert c.epochs >= 1 and c.batch_size >= 1 and c.lr > 0 and math.isfinite(c.lr)
     assert c.time_limit is None or c.time_limit > 0
