@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..model.serialization import atomic_write
+from .images import BadImageError, decode_within, fit_within, is_gray, to_array
 from .splits import DataSplits, ImageTensors
-from .images import BadImageError, decode_within, is_gray, to_array
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -144,9 +144,7 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     channels = 1 if all(is_gray(im) for im, _ in every) else 3
     if size is None:  # the most common size wins; the others are resized to it
         size = full_sizes.most_common(1)[0][0]
-        if max(size) > max_side:  # large photos are kept in memory at a training-friendly size
-            scale = max_side / max(size)
-            size = (max(1, round(size[0] * scale)), max(1, round(size[1] * scale)))
+        size = fit_within(size, max_side) or size  # large photos are kept in memory at a training-friendly size
     tensors = []
     for s in ("train", val_split):
         x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))

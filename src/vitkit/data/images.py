@@ -39,7 +39,7 @@ def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = N
         img.seek(0)
         rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
         full = (img.width, img.height) if rotated else (img.height, img.width)
-        box = _fit(full, max_side) if max_side else None
+        box = fit_within(full, max_side) if max_side else None
         if box is not None and img.format == "JPEG":
             img.draft(img.mode, (box[0], box[1]) if rotated else (box[1], box[0]))  # (W, H) as stored
         img.load()
@@ -61,8 +61,8 @@ def _resizable(img: Image.Image) -> Image.Image:
     return to_8bit(img) if img.mode != "1" else img.convert("L")
 
 
-def _fit(hw: tuple[int, int], max_side: int) -> tuple[int, int] | None:
-    """(H, W) scaled to fit in max_side x max_side; None when it already fits."""
+def fit_within(hw: tuple[int, int], max_side: int) -> tuple[int, int] | None:
+    """(H, W) scaled to fit in max_side x max_side, aspect kept; None when it already fits."""
     if max(hw) <= max_side:
         return None
     scale = max_side / max(hw)
