@@ -46,16 +46,19 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if has_native_bf16(device) else "fp32"
 
 
+def emulates_bf16(device: torch.device) -> bool:
+    """Whether ``device`` is a CPU that runs bf16 matmuls by converting to fp32 (slower than fp32 itself)."""
+    return device.type == "cpu" and not cpu_has_native_bf16()
+
+
 def inference_dtype(dtype: torch.dtype | None, device: torch.device) -> torch.dtype | None:
     """The weights' dtype for inference: bf16 asked for on a CPU that emulates it stays fp32 (None), which is faster."""
-    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
-        return None
-    return dtype
+    return None if dtype == torch.bfloat16 and emulates_bf16(device) else dtype
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:
     """A warning for bf16 asked for on a CPU that emulates it."""
-    if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+    if precision == "bf16" and emulates_bf16(device):
         return ("note: this CPU has no native bf16 (AVX512-BF16/AMX): bf16 matmuls are emulated, several times slower "
                 "than fp32 (5x on a 2-core AVX-512 Xeon); --precision auto or fp32 trains faster")
     return None
