@@ -25,13 +25,16 @@ from .serialization import save_pretrained
 
 
 # Attention implementations besides the two below, by name: (qkv (B, T, 3, h, D_h), scale) -> (B, T, h, D_h), for
-# inference only. vitkit.runtime registers its CPU kernel here as "cpu_kernel".
+# inference only, with the head sizes D_h each takes. vitkit.runtime registers its CPU kernel here as "cpu_kernel".
 ATTENTION_KERNELS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {}
+_TAKES_HEAD_SIZE: dict[str, Callable[[int], bool]] = {}
 
 
-def register_attention(name: str, kernel: Callable[[torch.Tensor, float], torch.Tensor]) -> None:
-    """Make ``kernel`` selectable as ``model.set_attention(name)``."""
+def register_attention(name: str, kernel: Callable[[torch.Tensor, float], torch.Tensor],
+                       takes_head_size: Callable[[int], bool] = lambda d: True) -> None:
+    """Make ``kernel`` selectable as ``model.set_attention(name)`` for layers whose head size it takes."""
     ATTENTION_KERNELS[name] = kernel
+    _TAKES_HEAD_SIZE[name] = takes_head_size
 
 
 class Attention(nn.Module):
@@ -69,14 +72,14 @@ class Attention(nn.Module):
 
 
 def set_attention(model: nn.Module, impl: str) -> int:
-    """Every Attention in ``model`` computes with ``impl`` (``"sdpa"``, ``"exact"`` or a registered kernel, which
-    needs a head size it takes: a multiple of 16). Returns how many modules were set."""
+    """Every Attention in ``model`` computes with ``impl`` (``"sdpa"``, ``"exact"`` or a registered kernel, on the
+    layers whose head size it takes; the others keep their own). Returns how many modules were set."""
     known = ("sdpa", "exact", *ATTENTION_KERNELS)
     if impl not in known:
         raise ValueError(f"attention implementation {impl!r} is not available here; expected one of {known}")
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     if impl in ATTENTION_KERNELS:
-        attns = [m for m in attns if (m.qkv.in_features // m.num_heads) % 16 == 0]
+        attns = [m for m in attns if _TAKES_HEAD_SIZE[impl](m.qkv.in_features // m.num_heads)]
     for m in attns:
         m.impl = impl
     return len(attns)

@@ -26,7 +26,7 @@ def use_cpu_attention_kernel(model: nn.Module) -> int:
     if not kernels.load():
         return 0
     if "cpu_kernel" not in ATTENTION_KERNELS:
-        register_attention("cpu_kernel", kernels.vit_attention)
+        register_attention("cpu_kernel", kernels.vit_attention, kernels.takes_head_size)
     return set_attention(model, "cpu_kernel")
 
 

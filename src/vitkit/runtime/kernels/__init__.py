@@ -76,6 +76,11 @@ def load(verbose: bool = False) -> bool:
     return True
 
 
+def takes_head_size(head_size: int) -> bool:
+    """The head sizes the kernel works on: multiples of 16 (cpu_attention.cpp refuses any other)."""
+    return head_size % 16 == 0
+
+
 def vit_attention(qkv: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale) v per head, from the qkv linear's output (B, T, 3, H, D) bf16 to (B, T, H, D)."""
     return torch.ops.vitkit.vit_attention(qkv, scale)
