@@ -64,7 +64,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     from ..data.datasets import default_cache_dir, load_dataset
     from ..training.checkpoint import recover_run
     from ..training.config import TrainConfig, read_yaml, safe_yaml
-    from ..training.recipes import choose_recipe
+    from ..training.recipes import choose_recipe, flips_change_labels
 
     given = {k: v for k, v in vars(args).items()
              if not k.startswith(("model__", "_")) and k not in ("command", "config")}
@@ -97,8 +97,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
         else:
             name = dataset
         merged.update({k: v for k, v in _recipe_for_budget(name, time_limit).items() if k != "dataset"})
-        if data is not None and merged.get("hflip") and data.in_chans == 1 and max(data.img_size) <= 48:
-            # a mirrored digit or letter is another symbol (or none): flipping would teach wrong labels
+        if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
                 print("no horizontal flips: small grayscale images are often digits or characters, which a flip "

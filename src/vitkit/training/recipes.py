@@ -14,3 +14,9 @@ def choose_recipe(data: DataSplits) -> str:
     if side <= 48:
         return "fashion-mnist" if data.in_chans == 1 else "cifar10"
     return "folder-large"
+
+
+def flips_change_labels(data: DataSplits) -> bool:
+    """Small grayscale images are often digits or characters, and a mirrored digit or letter is another symbol (or
+    none): a horizontal flip would teach wrong labels, so the folder recipe leaves it off for them."""
+    return data.in_chans == 1 and max(data.img_size) <= 48
