@@ -1,6 +1,6 @@
 """A/B in one process: vitkit's eager and compiled inference paths (compiled with and without vitkit's AMX
-attention kernel, vitkit/runtime/kernels) against timm, Hugging Face and torchvision with bf16 weights, timed round-robin
-(each repeat runs every one once), on identical weights and inputs.
+attention kernel, vitkit/runtime/kernels) against timm, Hugging Face and torchvision with bf16 weights, timed
+round-robin (each repeat runs every one once), on identical weights and inputs.
 
     python benchmarks/inference_compile_ab.py [--model vit_base_patch16_224] [--batch 16] [--repeats 8]
 """

@@ -3,7 +3,6 @@ file or key instead of a traceback. Every hostile fixture is made here, never sh
 import io
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -168,7 +167,8 @@ def test_serve_closes_slow_uploads_and_answers_busy_past_its_queue():
         slow.close()
         import httpx
 
-        r = httpx.post(f"http://127.0.0.1:{port}/api/predict", files={"file": ("a.png", _png(Image.new("RGB", (8, 8))))})
+        upload = {"file": ("a.png", _png(Image.new("RGB", (8, 8))))}
+        r = httpx.post(f"http://127.0.0.1:{port}/api/predict", files=upload)
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and "busy" in r.json()["error"]
         assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the page still answers
     finally:

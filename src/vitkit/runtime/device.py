@@ -5,7 +5,7 @@ import torch
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto`` -> ``cuda:<local_rank>`` / ``mps`` / ``cpu``, whichever this machine has first; any other name as given."""
+    """``auto`` -> ``cuda:<local_rank>``, ``mps`` or ``cpu``, the first this machine has; any other name as given."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank)

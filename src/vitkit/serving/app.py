@@ -14,7 +14,6 @@ from importlib import resources
 from typing import Any, Callable
 
 import anyio
-
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import ClientDisconnect
