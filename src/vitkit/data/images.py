@@ -48,6 +48,8 @@ def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = N
             img = _resizable(img).resize((box[1], box[0]), Image.BICUBIC, reducing_gap=2.0)
     except BadImageError:
         raise
+    except UnidentifiedImageError:  # PIL's own text names its BytesIO, not the file
+        raise BadImageError(path, "not an image format PIL can read") from None
     except DECODE_ERRORS as e:
         raise BadImageError(path, f"{type(e).__name__}: {e}") from None
     return img, full
