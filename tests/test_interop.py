@@ -176,7 +176,7 @@ def test_export_of_a_hybrid_to_timm_names_the_stem():
     cfg = vitkit.ViTConfig(img_size=16, patch_size=1, num_classes=3, embed_dim=32, depth=1, num_heads=2,
                            hybrid="conv:8,M,16,M")
     model = vitkit.VisionTransformer(cfg)
-    with pytest.raises(ValueError, match=r"hybrid='conv:8,M,16,M': hybrid models have no timm equivalent"):
+    with pytest.raises(ValueError, match=r"hybrid='conv:8,M,16,M': only the official R\+ViT hybrids"):
         to_timm(model)
 
 

@@ -4,19 +4,48 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+
+
+def parse_image_size(values: list[str] | str) -> int | tuple[int, int]:
+    """``224`` -> 224; ``224x160``, ``224,160`` or ``224 160`` -> (224, 160) (height, width)."""
+    parts = [v for text in ([values] if isinstance(values, str) else values)
+             for v in text.lower().replace("x", " ").replace(",", " ").split()]
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a size such as 224, 224x160 or 224 160 (height width), got "
+                                         f"{' '.join(values) if not isinstance(values, str) else values!r}")
+    h, w = int(parts[0]), int(parts[-1])
+    return h if h == w else (h, w)
+
+
+class ImageSize(argparse.Action):
+    """``--img-size 224``, ``--img-size 224x160`` or ``--img-size 224 160``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(nargs="+", metavar="H [W]")
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option: str | None = None) -> None:
+        try:
+            setattr(ns, self.dest, parse_image_size(values))
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"{option}: {e}")
+
+
 # flag -> ViTConfig key; these build the ``model_args`` overrides
 MODEL_FLAGS: dict[str, tuple[str, Any, str]] = {
-    "--img-size": ("img_size", int, "input resolution (int)"),
+    "--img-size": ("img_size", ImageSize, "input resolution: 224, or H W / HxW for a non-square one"),
     "--patch-size": ("patch_size", int, "patch size P"),
     "--embed-dim": ("embed_dim", int, "hidden size D"),
     "--depth": ("depth", int, "number of layers L"),
     "--num-heads": ("num_heads", int, "attention heads"),
     "--mlp-ratio": ("mlp_ratio", float, "MLP size / D"),
-    "--pool": ("pool", str, "cls | gap"),
+    "--pool": ("pool", str, "cls | gap | map"),
     "--pos-embed": ("pos_embed", str, "learn | sincos2d | none"),
     "--num-classes": ("num_classes", int, "classes of the head"),
     "--in-chans": ("in_chans", int, "image channels"),
-    "--hybrid": ("hybrid", str, "CNN stem for the paper's hybrid model, e.g. resnet18:1 (with --patch-size 1)"),
+    "--hybrid": ("hybrid", str, "CNN stem for the paper's hybrid model, e.g. resnetv2:3,4,9 or resnet18:1 "
+                                "(with --patch-size 1)"),
     "--drop-path": ("drop_path_rate", float, "stochastic depth rate"),
     "--drop": ("drop_rate", float, "dropout before the head"),
 }
@@ -27,7 +56,8 @@ def add_model_flags(p: argparse.ArgumentParser, with_model: bool = True) -> None
     if with_model:
         g.add_argument("--model", default=argparse.SUPPRESS, help="preset name (vitkit.list_models())")
     for flag, (key, typ, help_) in MODEL_FLAGS.items():
-        g.add_argument(flag, dest=f"model__{key}", type=typ, default=argparse.SUPPRESS, help=help_)
+        kind = {"action": typ} if typ is ImageSize else {"type": typ}
+        g.add_argument(flag, dest=f"model__{key}", default=argparse.SUPPRESS, help=help_, **kind)
 
 
 def model_overrides(ns: argparse.Namespace) -> dict[str, Any]:

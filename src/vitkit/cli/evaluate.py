@@ -8,14 +8,15 @@ from pathlib import Path
 import yaml
 
 from ..training.evaluate import EVAL_BATCH_SIZE
-from .common import add_data_flags, load_data_from_args
+from .common import ImageSize, add_data_flags, load_data_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder (e.g. runs/NAME/best)")
     add_data_flags(p)
     p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
-    p.add_argument("--img-size", type=int, default=None, help="evaluate at another resolution (§3.2 resampling)")
+    p.add_argument("--img-size", action=ImageSize, default=None,
+                   help="evaluate at another resolution (§3.2 resampling): 384, or H W / HxW")
     p.add_argument("-b", "--batch-size", type=int, default=EVAL_BATCH_SIZE)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16 weights (vitkit.optimize_for_inference) or exact fp32")

@@ -4,14 +4,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .common import ImageSize
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="fmt", choices=("timm", "hf", "jax", "auto"), default="auto",
                    help="format of SRC (default: detected)")
     p.add_argument("src", help="file or folder with the weights")
     p.add_argument("--out", required=True, help="new vitkit folder (config.json + model.safetensors)")
-    p.add_argument("--img-size", type=int, default=None, help="resample position embeddings to this size (§3.2)")
+    p.add_argument("--img-size", action=ImageSize, default=None,
+                   help="resample position embeddings to this size (§3.2), or the size a file cannot tell (a "
+                        "non-square table: H W or HxW; a sin-cos model)")
     p.add_argument("--num-heads", type=int, default=None, help="heads, when the weights cannot tell (timm files)")
+    p.add_argument("--pos-embed", choices=("sincos2d", "none"), default=None,
+                   help="for a file without a position table: big_vision's sin-cos (assumed) or none")
 
 
 def refuse_overwrite(path: Path) -> None:
@@ -24,19 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     refuse_overwrite(out)
-    overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads)) if v is not None}
-    fmt = None if args.fmt == "auto" else args.fmt
-    if "num_heads" in overrides:  # an architecture fact, not an adaptation: set it on the inferred config
-        from ..interop.files import load_state_file
-        from ..interop.infer import infer_config
-        from ..interop.timm import timm_to_vitkit
-        from ..model.hub import build_adapted
-
-        sd = timm_to_vitkit(load_state_file(args.src), args.src)
-        model = build_adapted(infer_config(sd, args.src, num_heads=overrides.pop("num_heads")), sd, args.src,
-                              **overrides)
-    else:
-        model = load(args.src, fmt, **overrides)
+    overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads),
+                                   ("pos_embed", args.pos_embed)) if v is not None}
+    model = load(args.src, None if args.fmt == "auto" else args.fmt, **overrides)
     model.save_pretrained(out)  # carries the source's preprocessing when it had one
     print(f"wrote {out}: {model.config.to_dict()}")
     return 0

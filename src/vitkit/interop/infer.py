@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..model.config import TABLE1, ViTConfig
+from ..model.config import TABLE1, ViTConfig, hybrid_stride, to_2tuple
 
 WIDTH_TO_HEADS = {d["embed_dim"]: d["num_heads"] for d in TABLE1.values()}
 
@@ -17,32 +17,63 @@ def heads_for(width: int) -> int:
     return WIDTH_TO_HEADS.get(width, max(1, width // 64))
 
 
+def resnetv2_spec(sd: dict[str, torch.Tensor]) -> str | None:
+    """The hybrid spec of timm-named ``patch_embed.backbone.stages.I.blocks.J`` keys (the official R+ViT ResNet)."""
+    if "patch_embed.backbone.conv.weight" in sd and "patch_embed.backbone.norm.weight" in sd:
+        return "resnetv2:"  # the root alone
+    if "patch_embed.backbone.stem.conv.weight" not in sd:
+        return None
+    blocks: dict[int, set[int]] = {}
+    for k in sd:
+        if m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", k):
+            blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return "resnetv2:" + ",".join(str(len(blocks[i])) for i in sorted(blocks))
+
+
 def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTConfig:
     """The config of a state dict with vitkit/timm names; ``known`` fills what weights cannot tell (num_heads,
-    a non-square img_size, layer_norm_eps)."""
+    a non-square img_size, the img_size of a model without a position table, layer_norm_eps, pos_embed)."""
     if "patch_embed.proj.weight" not in sd:
         raise ValueError(f"{source}: no 'patch_embed.proj.weight'; not a ViT state dict with timm names "
                          f"(first keys: {list(sd)[:5]})")
     w = sd["patch_embed.proj.weight"]
     dim, in_chans, ph, pw = w.shape
+    hybrid = known.get("hybrid", resnetv2_spec(sd))
+    if hybrid:
+        root = "patch_embed.backbone." + ("stem." if hybrid != "resnetv2:" else "")
+        in_chans = sd[root + "conv.weight"].shape[1]
+    stride = hybrid_stride(hybrid) if hybrid else 1
     depth = len({m.group(1) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))})
-    pool = "cls" if "cls_token" in sd else "gap"
+    pool = "cls" if "cls_token" in sd else "map" if "attn_pool.latent" in sd else "gap"
     prefix = 1 if pool == "cls" else 0
     cfg: dict[str, Any] = dict(
         patch_size=ph if ph == pw else (ph, pw), in_chans=in_chans, embed_dim=dim, depth=depth,
         num_heads=heads_for(dim), pool=pool, qkv_bias="blocks.0.attn.qkv.bias" in sd,
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim if depth else 4.0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
-        fc_norm="fc_norm.weight" in sd,
+        fc_norm="fc_norm.weight" in sd, hybrid=hybrid,
         pos_embed="learn" if "pos_embed" in sd else "none")
     if "pos_embed" in sd:
         n = sd["pos_embed"].shape[1] - prefix
         side = math.isqrt(n)
-        if side * side == n:
-            cfg["img_size"] = side * ph if ph == pw else (side * ph, side * pw)
-        elif "img_size" not in known:
+        if "img_size" in known:
+            (h, w_), s = to_2tuple(known["img_size"]), stride
+            if (h // (ph * s)) * (w_ // (pw * s)) != n:
+                raise ValueError(f"{source}: pos_embed has {n} patch tokens; img_size={known['img_size']} with "
+                                 f"patch {(ph, pw)} x stride {s} makes {(h // (ph * s)) * (w_ // (pw * s))}")
+        elif side * side == n:
+            cfg["img_size"] = (side * ph * stride if ph == pw else (side * ph * stride, side * pw * stride))
+        else:
             raise ValueError(f"{source}: pos_embed has {n} patch tokens, not a square grid; pass img_size=(H, W)")
     elif "img_size" not in known:
-        cfg["img_size"] = 224
+        cfg["img_size"] = 224  # no table to size it: the models without one work at any multiple of the patch
     cfg.update(known)
     return ViTConfig(**cfg)
+
+
+def table_is_square(sd: dict[str, torch.Tensor]) -> bool:
+    """Whether the state dict's learned position table fixes the image size (a square grid) by itself."""
+    if "pos_embed" not in sd:
+        return False
+    n = sd["pos_embed"].shape[1] - (1 if "cls_token" in sd else 0)
+    return math.isqrt(n) ** 2 == n

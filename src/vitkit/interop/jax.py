@@ -1,94 +1,254 @@
 """The official JAX checkpoints (.npz) of google-research/vision_transformer and big_vision.
 
-Two naming generations are read:
-  vision_transformer: ``Transformer/encoderblock_N/{LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
-                      MlpBlock_3}``, ``Transformer/posembed_input/pos_embedding``, ``cls``, ``embedding``, ``head``
-                      (optionally under ``opt/target/``);
-  big_vision:         ``params/[img/]`` prefix, ``{LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
-                      MlpBlock_0}``, ``pos_embedding`` at the top, and ``Transformer/encoderblock/...`` with a
-                      leading layer axis when the encoder was scanned.
-q/k/v kernels are (D, heads, head_dim), the output kernel (heads, head_dim, D), the patch kernel (P, P, C, D).
-Note: the JAX models use the tanh approximation of GELU; vitkit (like timm and Hugging Face) uses the exact one,
-so logits differ slightly from the JAX ones (~1e-3).
+The layout is read off which keys are present, never guessed from one of them:
+  prefix       none, ``opt/target/`` (vision_transformer's training state), ``params/`` or ``params/img/`` (big_vision);
+  blocks       ``Transformer/encoderblock_N/`` or, scanned (big_vision), ``Transformer/encoderblock/`` with a leading
+               layer axis; inside, two ``LayerNorm_*``, one ``MultiHeadDotProductAttention_*`` and one ``MlpBlock_*``
+               in whichever numbering wrote them: ``_0, _1, _2, _3`` (the released pre-Linen files) or ``_0, _0, _1,
+               _0`` (the Linen code of both repositories);
+  position     ``Transformer/posembed_input/pos_embedding`` (vision_transformer: added after the class token, so
+               it has a row for it), ``pos_embedding`` (big_vision: added before the class token of ``pool_type=
+               'tok'``, so it may have no such row; vitkit gives the class token a zero row, which is the same
+               model), or none: big_vision's fixed 2-D sin-cos (``posemb='sincos2d'``, rebuilt here);
+  pooling      ``cls`` (class token), ``MAPHead_0/`` (attention pooling) or neither (mean of the tokens);
+  hybrid       ``conv_root``, ``gn_root``, ``blockI/unitJ/`` (the R+ViT models' ResNet, see model/resnetv2.py);
+  head         ``head``; an i21k ``pre_logits`` layer (Dense + tanh) is dropped with the head on it (named rule).
+Every key is read or dropped by a named rule; a file with anything else is refused, naming the keys.
+
+q/k/v kernels are (D, heads, head_dim), the output kernel (heads, head_dim, D), convolutions (kh, kw, in, out).
+The JAX models use GELU's tanh approximation; vitkit (like timm and Hugging Face) uses the exact one, so logits
+differ slightly from the JAX ones (~1e-3).
 """
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from ..model.config import ViTConfig
+from ..model.config import ViTConfig, hybrid_stride, resnetv2_layers, to_2tuple
 from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
+from .contract import KeyLedger
 from .infer import infer_config
 
+SUPPORTED = ("vision_transformer (original, AugReg, Linen; R+ViT hybrids) and big_vision ViTs (learn/sincos2d "
+             "position embeddings; tok/gap/map pooling; scanned or not)")
+PRE_LOGITS_RULE = "the i21k representation layer (pre_logits, Dense + tanh) and the head on it: fine-tune a new head"
+OLD_NUMBERING = ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3")  # what we write
 
-def _layout(w: dict[str, np.ndarray], source: str) -> tuple[str, bool]:
-    for prefix, big_vision in (("", False), ("opt/target/", False), ("params/", True), ("params/img/", True)):
+
+@dataclass
+class Layout:
+    prefix: str
+    blocks: list[tuple[str, int | None]]  # (key prefix, index on the scanned axis)
+    ln1: str
+    mha: str
+    ln2: str
+    mlp: str
+
+
+def _prefix(w: dict[str, np.ndarray], source: str) -> str:
+    for prefix in ("", "opt/target/", "params/", "params/img/"):
         if f"{prefix}embedding/kernel" in w:
-            return prefix, big_vision or f"{prefix}pos_embedding" in w
+            return prefix
     raise ValueError(f"{source}: no 'embedding/kernel' (nor under opt/target/, params/, params/img/): not a ViT "
                      f"checkpoint of vision_transformer or big_vision (first keys: {list(w)[:5]})")
 
 
-def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(vitkit state dict, what the weights say beyond shapes: num_heads) from a flat npz mapping."""
-    prefix, bv = _layout(w, source)
-    mha, ln2, mlp = (0, 1, 0) if bv else (1, 2, 3)
-    scanned = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
-
-    def get(key: str, idx: int | None = None) -> torch.Tensor:
-        full = prefix + key
-        if full not in w:
-            raise ValueError(f"{source}: missing key {full!r}")
-        a = np.asarray(w[full])
-        return torch.from_numpy(np.ascontiguousarray(a[idx] if idx is not None else a)).float()
-
-    def t(a: torch.Tensor) -> torch.Tensor:  # (in, out) kernels -> (out, in) weights
-        return a.T.contiguous()
-
-    sd: dict[str, torch.Tensor] = {
-        "patch_embed.proj.weight": get("embedding/kernel").permute(3, 2, 0, 1).contiguous(),  # p q c d -> d c p q
-        "patch_embed.proj.bias": get("embedding/bias"),
-        "norm.weight": get("Transformer/encoder_norm/scale"), "norm.bias": get("Transformer/encoder_norm/bias"),
-    }
-    if prefix + "cls" in w:
-        sd["cls_token"] = get("cls")
-    pos_key = "pos_embedding" if prefix + "pos_embedding" in w else "Transformer/posembed_input/pos_embedding"
-    if prefix + pos_key in w:
-        sd["pos_embed"] = get(pos_key)
-    if prefix + "pre_logits/kernel" in w:
-        # the i21k "representation layer" (Dense + tanh) is not part of the paper's fine-tuned model; the head on
-        # top of it would be wrong without it, so both are dropped: fine-tune with a new head.
-        pass
-    elif prefix + "head/kernel" in w:
-        sd["head.weight"], sd["head.bias"] = t(get("head/kernel")), get("head/bias")
-    if scanned:
-        depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+def detect_layout(w: dict[str, np.ndarray], source: str) -> Layout:
+    p = _prefix(w, source)
+    scanned = f"{p}Transformer/encoderblock/"
+    if any(k.startswith(scanned) for k in w):
+        first = scanned
+        depth = next(v.shape[0] for k, v in w.items() if k.startswith(scanned))
+        blocks: list[tuple[str, int | None]] = [(scanned, i) for i in range(depth)]
     else:
-        depth = len({k[len(prefix):].split("/")[1] for k in w if k.startswith(f"{prefix}Transformer/encoderblock_")})
-    heads = None
-    for i in range(depth):
-        blk, idx = (("Transformer/encoderblock/", i) if scanned else (f"Transformer/encoderblock_{i}/", None))
-        a = f"{blk}MultiHeadDotProductAttention_{mha}/"
-        q, k, v = (get(f"{a}{n}/kernel", idx) for n in ("query", "key", "value"))  # d h e
-        heads = q.shape[1]
-        sd[f"blocks.{i}.norm1.weight"], sd[f"blocks.{i}.norm1.bias"] = get(f"{blk}LayerNorm_0/scale", idx), \
-            get(f"{blk}LayerNorm_0/bias", idx)
-        sd[f"blocks.{i}.attn.qkv.weight"] = torch.cat([x.flatten(1).T for x in (q, k, v)])  # d h e -> (h e) d
-        if prefix + f"{a}query/bias" in w:
-            sd[f"blocks.{i}.attn.qkv.bias"] = torch.cat([get(f"{a}{n}/bias", idx).flatten()
-                                                         for n in ("query", "key", "value")])
-        sd[f"blocks.{i}.attn.proj.weight"] = get(f"{a}out/kernel", idx).flatten(0, 1).T.contiguous()  # (h e) d -> d (h e)
-        sd[f"blocks.{i}.attn.proj.bias"] = get(f"{a}out/bias", idx)
-        sd[f"blocks.{i}.norm2.weight"], sd[f"blocks.{i}.norm2.bias"] = get(f"{blk}LayerNorm_{ln2}/scale", idx), \
-            get(f"{blk}LayerNorm_{ln2}/bias", idx)
+        ids = sorted({int(m.group(1)) for k in w if (m := re.match(re.escape(p) + r"Transformer/encoderblock_(\d+)/",
+                                                                    k))})
+        if ids != list(range(len(ids))):
+            raise ValueError(f"{source}: encoder blocks {ids} are not numbered 0..N-1")
+        blocks = [(f"{p}Transformer/encoderblock_{i}/", None) for i in ids]
+        first = blocks[0][0] if blocks else ""
+    names = sorted({k[len(first):].split("/")[0] for k in w if first and k.startswith(first)},
+                   key=lambda n: (n.rsplit("_", 1)[0], int(n.rsplit("_", 1)[1]) if re.search(r"_\d+$", n) else -1))
+    by_kind: dict[str, list[str]] = {}
+    for n in names:
+        by_kind.setdefault(n.rsplit("_", 1)[0], []).append(n)
+    if not blocks:
+        return Layout(p, [], *OLD_NUMBERING)
+    if sorted(by_kind) != ["LayerNorm", "MlpBlock", "MultiHeadDotProductAttention"] or len(by_kind["LayerNorm"]) != 2 \
+            or len(by_kind["MlpBlock"]) != 1 or len(by_kind["MultiHeadDotProductAttention"]) != 1:
+        raise ValueError(f"{source}: an encoder block holds {names}; expected two LayerNorm_*, one "
+                         "MultiHeadDotProductAttention_* and one MlpBlock_*")
+    ln1, ln2 = by_kind["LayerNorm"]
+    return Layout(p, blocks, ln1, by_kind["MultiHeadDotProductAttention"][0], ln2, by_kind["MlpBlock"][0])
+
+
+def _one_to_one(L: Layout, hybrid: tuple[int, ...] | None, pool: str, head: bool,
+                ) -> Iterator[tuple[str, str, int | None, str]]:
+    """(vitkit key, JAX key, scan index, kind) of the parameters that map one to one; kind says how the array turns:
+    'copy', 'dense' (in, out -> out, in) or 'conv' (kh kw in out -> out in kh kw)."""
+    p = L.prefix
+    yield "patch_embed.proj.weight", p + "embedding/kernel", None, "conv"
+    yield "patch_embed.proj.bias", p + "embedding/bias", None, "copy"
+    for ours, theirs in (("weight", "scale"), ("bias", "bias")):
+        yield f"norm.{ours}", f"{p}Transformer/encoder_norm/{theirs}", None, "copy"
+        for i, (b, idx) in enumerate(L.blocks):
+            yield f"blocks.{i}.norm1.{ours}", f"{b}{L.ln1}/{theirs}", idx, "copy"
+            yield f"blocks.{i}.norm2.{ours}", f"{b}{L.ln2}/{theirs}", idx, "copy"
+    for i, (b, idx) in enumerate(L.blocks):
+        yield f"blocks.{i}.attn.proj.bias", f"{b}{L.mha}/out/bias", idx, "copy"
         for j in (0, 1):
-            sd[f"blocks.{i}.mlp.fc{j + 1}.weight"] = t(get(f"{blk}MlpBlock_{mlp}/Dense_{j}/kernel", idx))
-            sd[f"blocks.{i}.mlp.fc{j + 1}.bias"] = get(f"{blk}MlpBlock_{mlp}/Dense_{j}/bias", idx)
-    return sd, ({"num_heads": heads} if heads else {})
+            yield f"blocks.{i}.mlp.fc{j + 1}.weight", f"{b}{L.mlp}/Dense_{j}/kernel", idx, "dense"
+            yield f"blocks.{i}.mlp.fc{j + 1}.bias", f"{b}{L.mlp}/Dense_{j}/bias", idx, "copy"
+    if pool == "cls":
+        yield "cls_token", p + "cls", None, "copy"
+    if pool == "map":
+        m = p + "MAPHead_0/"
+        yield "attn_pool.latent", m + "probe", None, "copy"
+        yield "attn_pool.proj.bias", m + "MultiHeadDotProductAttention_0/out/bias", None, "copy"
+        yield "attn_pool.norm.weight", m + "LayerNorm_0/scale", None, "copy"
+        yield "attn_pool.norm.bias", m + "LayerNorm_0/bias", None, "copy"
+        for j in (0, 1):
+            yield f"attn_pool.mlp.fc{j + 1}.weight", f"{m}MlpBlock_0/Dense_{j}/kernel", None, "dense"
+            yield f"attn_pool.mlp.fc{j + 1}.bias", f"{m}MlpBlock_0/Dense_{j}/bias", None, "copy"
+    if head:
+        yield "head.weight", p + "head/kernel", None, "dense"
+        yield "head.bias", p + "head/bias", None, "copy"
+    if hybrid is not None:
+        r = "patch_embed.backbone."
+        root = r + ("stem." if hybrid else "")  # the root alone is the whole backbone
+        yield root + "conv.weight", p + "conv_root/kernel", None, "conv"
+        yield root + "norm.weight", p + "gn_root/scale", None, "copy"
+        yield root + "norm.bias", p + "gn_root/bias", None, "copy"
+        for i, blocks in enumerate(hybrid):
+            for j in range(blocks):
+                ours, theirs = f"{r}stages.{i}.blocks.{j}.", f"{p}block{i + 1}/unit{j + 1}/"
+                convs = [("conv1", "gn1", "norm1"), ("conv2", "gn2", "norm2"), ("conv3", "gn3", "norm3")]
+                if j == 0:  # the first unit of every stage changes the width, so it has the projection shortcut
+                    convs.append(("conv_proj", "gn_proj", "downsample"))
+                for conv, gn, norm in convs:
+                    conv_ours = "downsample.conv" if norm == "downsample" else conv
+                    norm_ours = "downsample.norm" if norm == "downsample" else norm
+                    yield f"{ours}{conv_ours}.weight", f"{theirs}{conv}/kernel", None, "conv"
+                    yield f"{ours}{norm_ours}.weight", f"{theirs}{gn}/scale", None, "copy"
+                    yield f"{ours}{norm_ours}.bias", f"{theirs}{gn}/bias", None, "copy"
+
+
+def _attention(L: Layout, pool: str) -> Iterator[tuple[str, str, int | None, tuple[str, ...]]]:
+    """(vitkit prefix, JAX attention prefix, scan index, which of query/key/value the vitkit input projection holds)."""
+    for i, (b, idx) in enumerate(L.blocks):
+        yield f"blocks.{i}.attn.", f"{b}{L.mha}/", idx, ("query", "key", "value")
+    if pool == "map":
+        yield "attn_pool.", f"{L.prefix}MAPHead_0/MultiHeadDotProductAttention_0/", None, ("query",)
+
+
+def _to_torch(a: np.ndarray, kind: str) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a)).float()
+    if kind == "dense":
+        return t.T.contiguous()
+    if kind == "conv":
+        return t.permute(3, 2, 0, 1).contiguous()  # kh kw in out -> out in kh kw
+    return t
+
+
+def _to_numpy(t: torch.Tensor, kind: str) -> np.ndarray:
+    a = t.detach().float().cpu().numpy()
+    if kind == "dense":
+        return a.T
+    if kind == "conv":
+        return a.transpose(2, 3, 1, 0)  # out in kh kw -> kh kw in out
+    return a
+
+
+def _hybrid_layers(w: dict[str, np.ndarray], p: str) -> tuple[int, ...] | None:
+    if f"{p}conv_root/kernel" not in w:
+        return None
+    units: dict[int, set[int]] = {}
+    for k in w:
+        if m := re.match(re.escape(p) + r"block(\d+)/unit(\d+)/", k):
+            units.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    if sorted(units) != list(range(1, len(units) + 1)) or any(sorted(u) != list(range(1, len(u) + 1))
+                                                               for u in units.values()):
+        raise ValueError(f"the ResNet stages/units are not numbered block1.., unit1..: {sorted(units)}")
+    return tuple(len(units[i]) for i in sorted(units))
+
+
+def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any = None,
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(vitkit state dict, what the file says beyond the state dict's shapes: num_heads, pos_embed, hybrid) from a
+    flat npz mapping; ``img_size`` places a non-square position table (the file cannot tell its grid's shape)."""
+    L = detect_layout(w, source)
+    p, ledger = L.prefix, KeyLedger(w, source)
+    hybrid = _hybrid_layers(w, p)
+    pool = "cls" if p + "cls" in w else "map" if p + "MAPHead_0/probe" in w else "gap"
+    if p + "pre_logits/kernel" in w:
+        ledger.drop([k for k in w if k.startswith((p + "pre_logits/", p + "head/"))], PRE_LOGITS_RULE)
+    head = p + "head/kernel" in ledger.left
+
+    def get(key: str, idx: int | None = None) -> np.ndarray:
+        if key not in w:
+            raise ValueError(f"{source}: missing key {key!r} (layout: prefix {p!r}, blocks {L.ln1}/{L.mha}/{L.ln2}/"
+                             f"{L.mlp}, pool {pool!r}{', hybrid' if hybrid is not None else ''})")
+        ledger.read(key)
+        a = np.asarray(w[key])
+        return a[idx] if idx is not None else a
+
+    sd = {ours: _to_torch(get(theirs, idx), kind) for ours, theirs, idx, kind in _one_to_one(L, hybrid, pool, head)}
+    heads = None
+    for ours, a, idx, names in _attention(L, pool):
+        qkv = [torch.from_numpy(np.ascontiguousarray(get(f"{a}{n}/kernel", idx))).float() for n in
+               ("query", "key", "value")]  # d h e each
+        heads = heads or qkv[0].shape[1]
+        bias = [torch.from_numpy(np.ascontiguousarray(get(f"{a}{n}/bias", idx))).float().flatten()
+                for n in ("query", "key", "value") if f"{a}{n}/bias" in w or names == ("query",)]
+        weights = [x.flatten(1).T for x in qkv]  # d h e -> (h e) d
+        if names == ("query",):  # MAP: the probe's query apart, keys and values of the tokens together
+            sd[ours + "q.weight"], sd[ours + "kv.weight"] = weights[0], torch.cat(weights[1:])
+            sd[ours + "q.bias"], sd[ours + "kv.bias"] = bias[0], torch.cat(bias[1:])
+            sd[ours + "proj.weight"] = torch.from_numpy(get(f"{a}out/kernel")).float().flatten(0, 1).T.contiguous()
+        else:
+            sd[ours + "qkv.weight"] = torch.cat(weights)
+            if bias:
+                sd[ours + "qkv.bias"] = torch.cat(bias)
+            out = torch.from_numpy(np.ascontiguousarray(get(f"{a}out/kernel", idx))).float()
+            sd[ours + "proj.weight"] = out.flatten(0, 1).T.contiguous()  # (h e) d -> d (h e)
+    said: dict[str, Any] = {"num_heads": heads} if heads else {}
+    if hybrid is not None:
+        said["hybrid"] = "resnetv2:" + ",".join(map(str, hybrid))
+    pos_keys = [k for k in (p + "Transformer/posembed_input/pos_embedding", p + "pos_embedding") if k in w]
+    if len(pos_keys) > 1:
+        raise ValueError(f"{source}: two position tables {pos_keys}; expected one")
+    if pos_keys:
+        sd["pos_embed"] = _with_class_row(torch.from_numpy(get(pos_keys[0])).float(),
+                                          pos_keys[0] == p + "pos_embedding", pool, sd, said, img_size)
+    else:
+        said["pos_embed"] = "sincos2d"  # big_vision's only table-less kind; pass pos_embed="none" for none at all
+    ledger.finish(SUPPORTED)
+    return sd, said
+
+
+def _with_class_row(pos: torch.Tensor, big_vision: bool, pool: str, sd: dict[str, torch.Tensor],
+                    said: dict[str, Any], img_size: Any) -> torch.Tensor:
+    """The table with a row for the class token. vision_transformer adds its table after prepending the class
+    token, so the table has that row; big_vision's ``tok`` adds it before, so its table (top-level
+    ``pos_embedding``) has none, and a zero row computes the same model."""
+    if pool != "cls" or not big_vision:
+        return pos
+    rows = pos.shape[1]
+    if img_size is not None:
+        stride = hybrid_stride(said["hybrid"]) if "hybrid" in said else 1
+        kh, kw = sd["patch_embed.proj.weight"].shape[2:]
+        (h, w) = to_2tuple(img_size)
+        has_row = rows == (h // (kh * stride)) * (w // (kw * stride)) + 1
+    else:  # a combined class+grid table, as a vision_transformer file carried over into big_vision's layout
+        has_row = math.isqrt(rows) ** 2 != rows and math.isqrt(rows - 1) ** 2 == rows - 1
+    return pos if has_row else torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -100,42 +260,37 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
-    """A vitkit model from an official ``.npz``; the config is read off the weights."""
-    sd, said = jax_to_vitkit(read_npz(path), str(path))
+    """A vitkit model from an official ``.npz``; the config is read off the weights (``known`` adds what they cannot
+    say: a non-square ``img_size``, or ``img_size`` for a sin-cos model, whose file has no table to size)."""
+    sd, said = jax_to_vitkit(read_npz(path), str(path), known.get("img_size"))
     cfg = infer_config(sd, str(path), **{**said, **known})
     return build_adapted(cfg, sd, str(path))
 
 
 def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
-    """Write ``model`` in the vision_transformer layout (readable by its code, big_vision's and timm's)."""
+    """Write ``model`` in the layout of the released vision_transformer files (which that code, big_vision's
+    loader and timm read), with big_vision's ``MAPHead_0`` for attention pooling."""
     c: ViTConfig = model.config
-    if c.fc_norm or c.hybrid or c.pos_embed == "sincos2d":
-        raise ValueError("only plain ViTs (no fc_norm, hybrid stem or sincos2d) have the official npz layout")
-    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    if c.fc_norm or c.pos_embed == "sincos2d" or (c.hybrid and not c.hybrid.startswith("resnetv2")):
+        raise ValueError("only ViTs without fc_norm, sincos2d or a non-official hybrid stem have the official npz "
+                         f"layout (this one: fc_norm={c.fc_norm}, pos_embed={c.pos_embed!r}, hybrid={c.hybrid!r})")
+    sd = model.state_dict()
+    L = Layout("", [(f"Transformer/encoderblock_{i}/", None) for i in range(c.depth)], *OLD_NUMBERING)
+    hybrid = resnetv2_layers(c.hybrid) if c.hybrid else None
+    w = {theirs: _to_numpy(sd[ours], kind) for ours, theirs, _, kind in
+         _one_to_one(L, hybrid, c.pool, "head.weight" in sd)}
     H, D = c.num_heads, c.embed_dim
-    e = D // H
-    w = {"embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # d c p q -> p q c d
-         "embedding/bias": sd["patch_embed.proj.bias"],
-         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"]}
-    if "cls_token" in sd:
-        w["cls"] = sd["cls_token"]
-    if "pos_embed" in sd:
-        w["Transformer/posembed_input/pos_embedding"] = sd["pos_embed"]
-    if "head.weight" in sd:
-        w["head/kernel"], w["head/bias"] = sd["head.weight"].T, sd["head.bias"]
-    for i in range(c.depth):
-        b, p = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
-        a = b + "MultiHeadDotProductAttention_1/"
-        w[b + "LayerNorm_0/scale"], w[b + "LayerNorm_0/bias"] = sd[p + "norm1.weight"], sd[p + "norm1.bias"]
-        qkv = sd[p + "attn.qkv.weight"].reshape(3, D, D)
+    for ours, a, _, names in _attention(L, c.pool):
+        weight = sd[ours + ("q.weight" if names == ("query",) else "qkv.weight")]
+        kv = sd[ours + "kv.weight"] if names == ("query",) else None
+        bias = [sd[ours + n] for n in (("q.bias", "kv.bias") if names == ("query",) else ("qkv.bias",))
+                if ours + n in sd]
+        weights = torch.cat([weight, kv]) if kv is not None else weight
         for j, n in enumerate(("query", "key", "value")):
-            w[f"{a}{n}/kernel"] = qkv[j].T.reshape(D, H, e)  # (h e) d -> d h e
-            if p + "attn.qkv.bias" in sd:
-                w[f"{a}{n}/bias"] = sd[p + "attn.qkv.bias"].reshape(3, H, e)[j]
-        w[a + "out/kernel"] = sd[p + "attn.proj.weight"].T.reshape(H, e, D)
-        w[a + "out/bias"] = sd[p + "attn.proj.bias"]
-        w[b + "LayerNorm_2/scale"], w[b + "LayerNorm_2/bias"] = sd[p + "norm2.weight"], sd[p + "norm2.bias"]
-        for j in (0, 1):
-            w[f"{b}MlpBlock_3/Dense_{j}/kernel"] = sd[f"{p}mlp.fc{j + 1}.weight"].T
-            w[f"{b}MlpBlock_3/Dense_{j}/bias"] = sd[f"{p}mlp.fc{j + 1}.bias"]
+            w[f"{a}{n}/kernel"] = _to_numpy(weights[j * D:(j + 1) * D].T.reshape(D, H, D // H), "copy")
+            if bias:
+                w[f"{a}{n}/bias"] = _to_numpy(torch.cat(bias)[j * D:(j + 1) * D].reshape(H, D // H), "copy")
+        w[f"{a}out/kernel"] = _to_numpy(sd[ours + "proj.weight"].T.reshape(H, D // H, D), "copy")
+    if "pos_embed" in sd:
+        w["Transformer/posembed_input/pos_embedding"] = _to_numpy(sd["pos_embed"], "copy")
     np.savez(path, **w)

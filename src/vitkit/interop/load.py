@@ -9,7 +9,7 @@ from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.vit import VisionTransformer
 from .files import load_state_file, weights_in
 from .hf import from_hf, hf_to_vitkit
-from .infer import infer_config
+from .infer import infer_config, table_is_square
 from .jax import jax_to_vitkit, read_npz
 from .timm import timm_to_vitkit
 
@@ -44,26 +44,38 @@ def detect_format(src: str | Path) -> str:
     raise ValueError(f"{p}: unrecognised weights; supported: " + "; ".join(SUPPORTED))
 
 
+# What the weights cannot say (set on the inferred config), as opposed to adaptations (img_size, num_classes).
+FACTS = ("num_heads", "pos_embed", "layer_norm_eps")
+
+
+def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
+    facts = {k: overrides.pop(k) for k in FACTS if k in overrides}
+    if "img_size" in overrides and not table_is_square(sd):  # no square table: the size is a fact, not a change
+        facts["img_size"] = overrides.pop("img_size")
+    return build_adapted(infer_config(sd, source, **{**said, **facts}), sd, source, **overrides)
+
+
 def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTransformer:
     """The one way to load weights: a vitkit folder, a timm or Hugging Face folder or file, or an official JAX
     ``.npz`` (``fmt`` or detected). ``img_size`` / ``num_classes`` overrides adapt them (§3.2: resampled position
-    embeddings, a new zero head); ``vitkit train --init`` and every ``--checkpoint`` go through here."""
+    embeddings, a new zero head), or give the size a file cannot tell (a non-square or absent position table);
+    ``num_heads`` / ``pos_embed`` / ``layer_norm_eps`` state what the weights cannot show. ``vitkit train --init``
+    and every ``--checkpoint`` go through here."""
     p = Path(src)
     fmt = fmt or detect_format(p)
     if fmt == "vitkit":
         return from_pretrained(p, **overrides)
     if fmt == "jax":
-        sd, said = jax_to_vitkit(read_npz(p), str(p))
-        return build_adapted(infer_config(sd, str(p), **said), sd, str(p), **overrides)
+        sd, said = jax_to_vitkit(read_npz(p), str(p), overrides.get("img_size"))
+        return _build(sd, str(p), said, dict(overrides))
     if fmt == "hf":
         if p.is_dir():
             model = from_hf(p)
             return build_adapted(model.config, model.state_dict(), str(p), **overrides)
-        sd = hf_to_vitkit(load_state_file(p), str(p))
-        return build_adapted(infer_config(sd, str(p), layer_norm_eps=1e-12), sd, str(p), **overrides)
+        return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides))
     if fmt == "timm":
         sd = timm_to_vitkit(load_state_file(weights_in(p) if p.is_dir() else p), str(p))
-        return build_adapted(infer_config(sd, str(p)), sd, str(p), **overrides)
+        return _build(sd, str(p), {}, dict(overrides))
     raise ValueError(f"unknown format {fmt!r}; expected vitkit, timm, hf or jax")
 
 

@@ -10,14 +10,16 @@ from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .infer import infer_config
 
-UNSUPPORTED = ("norm_pre.", ".ls1.", ".ls2.", ".q_norm.", ".k_norm.", "attn_pool.", "reg_token")
+UNSUPPORTED = ("norm_pre.", ".ls1.", ".ls2.", ".q_norm.", ".k_norm.", "reg_token")
 
 
 def timm_config(model: Any) -> dict[str, Any]:
     """What a live timm model knows but its weights do not say."""
     known: dict[str, Any] = {"num_heads": model.blocks[0].attn.num_heads} if len(model.blocks) else {}
-    if getattr(model, "global_pool", "token") not in ("token", "avg", ""):
-        raise ValueError(f"timm global_pool={model.global_pool!r} is not supported (only 'token' and 'avg')")
+    if getattr(model, "global_pool", "token") not in ("token", "avg", "map", ""):
+        raise ValueError(f"timm global_pool={model.global_pool!r} is not supported (only 'token', 'avg' and 'map')")
+    if getattr(model, "global_pool", "token") == "map" and getattr(model, "cls_token", None) is not None:
+        raise ValueError("a timm model with a class token and attention pooling has no vitkit equivalent")
     if getattr(model, "global_pool", "token") == "avg" and getattr(model, "cls_token", None) is not None:
         raise ValueError("a timm model with a class token but average pooling has no vitkit equivalent")
     if getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is None:
@@ -33,7 +35,7 @@ def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict")
     bad = sorted(k for k in sd if any(u in k for u in UNSUPPORTED))
     if bad:
         raise ValueError(f"{source}: these timm variants are not the paper's ViT and are not supported: {bad[:5]}")
-    return {k: v for k, v in sd.items()}
+    return dict(sd)
 
 
 def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
@@ -49,9 +51,10 @@ def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
 
 def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:
     """The timm state dict of ``model`` (load it into ``timm.create_model(<same preset>, ...)``)."""
-    if model.config.hybrid:
-        raise ValueError(f"hybrid={model.config.hybrid!r}: hybrid models have no timm equivalent (timm's hybrids put "
-                         "its own ResNetV2 before the patch embedding); export safetensors or onnx instead")
+    c = model.config
+    if c.hybrid and not c.hybrid.startswith("resnetv2"):
+        raise ValueError(f"hybrid={c.hybrid!r}: only the official R+ViT hybrids (hybrid='resnetv2:...') have a timm "
+                         "equivalent; export safetensors or onnx instead")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -59,5 +62,6 @@ def timm_kwargs(c: ViTConfig) -> dict[str, Any]:
     """Keyword arguments that make ``timm.models.vision_transformer.VisionTransformer`` match ``c``."""
     return dict(img_size=c.img_size, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
                 embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
-                qkv_bias=c.qkv_bias, class_token=c.pool == "cls", global_pool="token" if c.pool == "cls" else "avg",
+                qkv_bias=c.qkv_bias, class_token=c.pool == "cls",
+                global_pool={"cls": "token", "gap": "avg", "map": "map"}[c.pool],
                 fc_norm=c.fc_norm, no_embed_class=False, dynamic_img_size=False)

@@ -7,7 +7,7 @@ from typing import Any
 
 from .fields import check_keys, check_range, coerce_fields
 
-POOLS = ("cls", "gap")
+POOLS = ("cls", "gap", "map")
 POS_EMBEDS = ("learn", "sincos2d", "none")
 
 
@@ -25,8 +25,12 @@ class ViTConfig:
     """Hyper-parameters of a Vision Transformer (Dosovitskiy et al., 2021).
 
     ``img_size`` and ``patch_size`` may be an int or ``(H, W)``. ``hybrid`` names a CNN whose feature map
-    replaces the image (§3.1, Hybrid): a torchvision ResNet stem (``"resnet50:3"``: the first 3 stages) or a few
-    stride-1 3x3 convolutions (``"conv:32"``), the small-image stem of the Fashion-MNIST recipe.
+    replaces the image (§3.1, Hybrid): the paper's own ResNet with group norm and weight-standardised convolutions
+    (``"resnetv2:3,4,9"``: the stages' block counts of R50+ViT-B/16; ``"resnetv2:"`` the root alone, as R+ViT-Ti/16),
+    a torchvision ResNet stem (``"resnet50:3"``: the first 3 stages) or a few stride-1 3x3 convolutions
+    (``"conv:32"``), the small-image stem of the Fashion-MNIST recipe.
+    ``pool`` reads the image off the encoder: ``"cls"`` the class token (Eq. 4), ``"gap"`` the mean of the patch
+    tokens, ``"map"`` multihead attention pooling (a learned probe attends over the tokens: big_vision, SigLIP).
     ``fc_norm`` moves the final LayerNorm after the pooling (timm's default for ``global_pool="avg"``).
     """
 
@@ -120,14 +124,27 @@ class ViTConfig:
 
 
 def hybrid_stages(spec: str) -> int:
-    """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages); ``"conv:32,64"`` -> 2 (two 3x3 convolutions)."""
+    """``"resnet50:3"`` -> 3 (stem + 3 ResNet stages); ``"resnetv2:3,4,9"`` -> 3; ``"conv:32,64"`` -> 2 (two 3x3
+    convolutions)."""
     name, _, n = spec.partition(":")
     if name == "conv":
         return sum(w != "M" for w in conv_channels(spec))
+    if name == "resnetv2":
+        return len(resnetv2_layers(spec))
     if not name.startswith("resnet") or not (n or "3").isdigit() or not 1 <= int(n or 3) <= 4:
-        raise ValueError(f"hybrid must look like 'resnet50:3' (a torchvision ResNet and 1-4 stages) or 'conv:32,64' "
+        raise ValueError(f"hybrid must look like 'resnetv2:3,4,9' (the official GN+WS ResNet: blocks per stage), "
+                         f"'resnet50:3' (a torchvision ResNet and 1-4 stages) or 'conv:32,64' "
                          f"(3x3 convolutions with these widths), got {spec!r}")
     return int(n or 3)
+
+
+def resnetv2_layers(spec: str) -> tuple[int, ...]:
+    """``"resnetv2:3,4,9"`` -> (3, 4, 9) bottleneck blocks per stage; ``"resnetv2:"`` -> () (the root alone)."""
+    blocks = [b.strip() for b in spec.partition(":")[2].split(",") if b.strip()]
+    if not all(b.isdigit() and 1 <= int(b) <= 64 for b in blocks) or len(blocks) > 4:
+        raise ValueError(f"hybrid {spec!r}: expected 'resnetv2:' and up to 4 block counts (1-64), such as "
+                         "'resnetv2:3,4,9' (R50+ViT-B/16) or 'resnetv2:' (the root alone, R+ViT-Ti/16)")
+    return tuple(int(b) for b in blocks)
 
 
 def conv_channels(spec: str) -> list[int | str]:
@@ -144,7 +161,7 @@ def hybrid_stride(spec: str) -> int:
     stages = hybrid_stages(spec)  # also validates the spec
     if spec.startswith("conv:"):
         return 2 ** conv_channels(spec).count("M")  # stride-1 convolutions; each max-pooling halves the map
-    return 4 * 2 ** (stages - 1)  # stem /4, then each later stage /2
+    return 4 * 2 ** max(stages - 1, 0)  # root /4 (conv /2, max-pool /2), then each later stage /2
 
 
 # Table 1 of the paper: (Layers, Hidden size D, MLP size, Heads). MLP size is always 4·D.
@@ -165,10 +182,19 @@ def _build_presets() -> dict[str, ViTConfig]:
             for res in (224, 384) if p != 14 else (224,):
                 presets[f"vit_{size}_patch{p}_{res}"] = ViTConfig(img_size=res, patch_size=p, **dims)
     # The paper's hybrid (§3.1): a ResNet-50 feature map (stride 16) cut into 1x1 patches.
-    # Named apart from timm's vit_base_r50_s16_*, whose ResNetV2 (GroupNorm, 3-4-9 blocks) differs from torchvision's.
+    # Named apart from timm's vit_base_r50_s16_* below, whose ResNet is the official one (GroupNorm, weight
+    # standardisation, 3-4-9 blocks) rather than torchvision's.
     for res in (224, 384):
         presets[f"vit_base_tvresnet50_s16_{res}"] = ViTConfig(img_size=res, patch_size=1, hybrid="resnet50:3",
                                                                **TABLE1["base"])
+    # The official hybrids (vision_transformer's R+ViT-Ti/16, R26+ViT-S/32, R50+ViT-B/16), under timm's names.
+    for res in (224, 384):
+        presets[f"vit_tiny_r_s16_p8_{res}"] = ViTConfig(img_size=res, patch_size=8, hybrid="resnetv2:",
+                                                        **TABLE1["tiny"])
+        presets[f"vit_small_r26_s32_{res}"] = ViTConfig(img_size=res, patch_size=1, hybrid="resnetv2:2,2,2,2",
+                                                        **TABLE1["small"])
+        presets[f"vit_base_r50_s16_{res}"] = ViTConfig(img_size=res, patch_size=1, hybrid="resnetv2:3,4,9",
+                                                       **TABLE1["base"])
     # Small models for small images (Fashion-MNIST, CIFAR, digits): not in the paper, used by our recipes.
     presets["vit_micro_patch4_32"] = ViTConfig(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4)
     presets["vit_nano_patch2_8"] = ViTConfig(img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,

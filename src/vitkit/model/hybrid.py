@@ -4,11 +4,15 @@ from __future__ import annotations
 import torch.nn as nn
 import torchvision
 
-from .config import conv_channels, hybrid_stages, hybrid_stride
+from .config import conv_channels, hybrid_stages, hybrid_stride, resnetv2_layers
+from .resnetv2 import resnetv2
 
 
-def cnn_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
+def cnn_stem(spec: str, in_chans: int) -> tuple[nn.Module, int, int]:
     """The CNN of a hybrid spec: (layers, output channels, stride)."""
+    if spec.partition(":")[0] == "resnetv2":
+        net = resnetv2(resnetv2_layers(spec), in_chans)
+        return net, net.out_channels, hybrid_stride(spec)
     return conv_stem(spec, in_chans) if spec.startswith("conv:") else resnet_stages(spec, in_chans)
 
 

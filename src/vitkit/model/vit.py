@@ -118,6 +118,30 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
+class AttentionPool(nn.Module):
+    """Multihead attention pooling (MAP: big_vision's ``MAPHead``, SigLIP's pooling; timm's ``AttentionPoolLatent``
+    names): a learned probe attends over all tokens, then a pre-norm MLP with a residual, as in the encoder."""
+
+    def __init__(self, c: ViTConfig) -> None:
+        super().__init__()
+        self.num_heads = c.num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, c.embed_dim))  # the probe: the one query
+        self.q = nn.Linear(c.embed_dim, c.embed_dim)
+        self.kv = nn.Linear(c.embed_dim, 2 * c.embed_dim)
+        self.proj = nn.Linear(c.embed_dim, c.embed_dim)
+        self.norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        h = self.num_heads
+        q = self.q(self.latent).expand(B, -1, -1).reshape(B, 1, h, D // h).transpose(1, 2)  # b 1 (h d) -> b h 1 d
+        k, v = self.kv(x).reshape(B, T, 2, h, D // h).permute(2, 0, 3, 1, 4)  # b t (2 h d) -> 2 b h t d
+        x = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, 1, D))
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0]
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drop the residual branch per sample, rescaling the kept ones."""
 
@@ -198,6 +222,7 @@ class VisionTransformer(nn.Module):
         dpr = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # grows linearly with depth
         self.blocks = nn.Sequential(*[Block(c, dpr[i]) for i in range(c.depth)])
         self.norm = nn.Identity() if c.fc_norm else nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
+        self.attn_pool = AttentionPool(c) if c.pool == "map" else None
         self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if c.fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
@@ -224,7 +249,8 @@ class VisionTransformer(nn.Module):
         for p in (self.pos_embed, self.cls_token):
             if isinstance(p, nn.Parameter):
                 nn.init.trunc_normal_(p, std=0.02, a=-0.04, b=0.04)
-
+        if self.attn_pool is not None:
+            nn.init.xavier_uniform_(self.attn_pool.latent.view(1, -1))  # as big_vision's probe
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
 
@@ -258,8 +284,14 @@ class VisionTransformer(nn.Module):
         return self.norm(self.blocks(self.embed(x)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP) into the head."""
-        x = x[:, 0] if self.config.pool == "cls" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP, or their attention
+        pooling for MAP) into the head."""
+        if self.config.pool == "cls":
+            x = x[:, 0]
+        elif self.attn_pool is not None:
+            x = self.attn_pool(x)
+        else:
+            x = x[:, self.num_prefix_tokens:].mean(dim=1)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 

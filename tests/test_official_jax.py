@@ -1,0 +1,197 @@
+"""Official JAX checkpoints: files written from Flax models with the official code's module structure
+(tests/flax_reference.py), so Flax itself names every parameter; vitkit must load each layout and give the Flax
+model's logits, agree with timm's own ``.npz`` reader where timm has one, and refuse what it does not understand."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("flax")
+import flax_reference as ref  # noqa: E402  (tests/ is on sys.path: rootdir-relative import)
+
+import vitkit  # noqa: E402
+from vitkit.interop.jax import read_npz  # noqa: E402
+
+TOL = 2e-4  # exact GELU on both sides: what is left is float32 rounding
+
+
+def init(module, hw=(32, 32), seed=0):
+    """Random parameters, every leaf perturbed (LayerNorm/GroupNorm scales and biases too, so swaps show)."""
+    x = jax.random.normal(jax.random.PRNGKey(seed + 1), (2, *hw, 3))
+    params = module.init(jax.random.PRNGKey(seed), x)["params"]
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(seed + 2), len(leaves))
+    leaves = [a + 0.1 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+    params = jax.tree_util.tree_unflatten(tree, leaves)
+    return params, x, np.asarray(module.apply({"params": params}, x))
+
+
+def logits(model, x_nhwc):
+    with torch.no_grad():
+        return model.eval()(torch.from_numpy(np.array(x_nhwc)).permute(0, 3, 1, 2)).numpy()
+
+
+def save(tmp_path, w, name="w.npz"):
+    path = tmp_path / name
+    np.savez(path, **w)
+    return path
+
+
+def vt(**kw):
+    base = dict(num_classes=5, patches=(8, 8), hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
+                approximate=False)
+    return ref.VisionTransformer(**{**base, **kw})
+
+
+def bv(**kw):
+    base = dict(num_classes=5, patch_size=(8, 8), width=32, depth=2, num_heads=4, approximate=False)
+    return ref.BigVisionViT(**{**base, **kw})
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+@pytest.mark.parametrize("numbering", ["linen", "released"])
+def test_vision_transformer_files(tmp_path, classifier, numbering):
+    params, x, want = init(vt(classifier=classifier))
+    w = ref.flatten(params)
+    assert "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel" in w  # Linen's own numbering
+    if numbering == "released":
+        w = ref.to_released_numbering(w)
+    model = vitkit.load(save(tmp_path, w))
+    assert model.config.pool == ("cls" if classifier == "token" else "gap") and model.config.num_heads == 4
+    np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+
+
+def test_released_layout_agrees_with_timm_reader(tmp_path):
+    from timm.models.vision_transformer import VisionTransformer as TimmViT, _load_weights
+
+    params, x, want = init(vt())
+    path = save(tmp_path, ref.to_released_numbering(ref.flatten(params)))
+    t = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, mlp_ratio=2).eval()
+    _load_weights(t, str(path))
+    np.testing.assert_allclose(logits(vitkit.load(path), x), logits(t, x), atol=TOL, rtol=TOL)
+
+
+def test_tanh_gelu_is_the_only_difference(tmp_path):
+    params, x, want = init(vt(approximate=True))
+    got = logits(vitkit.load(save(tmp_path, ref.flatten(params))), x)
+    assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()  # GELU's tanh approximation, nothing more
+
+
+@pytest.mark.parametrize("pool,posemb,scan,prefix", [
+    ("gap", "learn", False, "params/"), ("gap", "sincos2d", True, ""), ("tok", "learn", True, "params/"),
+    ("tok", "sincos2d", False, ""), ("map", "learn", False, ""), ("map", "sincos2d", True, "params/img/"),
+    ("tok", "learn", False, ""), ("gap", "sincos2d", False, "params/")])
+def test_big_vision_files(tmp_path, pool, posemb, scan, prefix):
+    params, x, want = init(bv(pool_type=pool, posemb=posemb, scan=scan))
+    w = ref.flatten(params, prefix)
+    assert (f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w) == scan
+    model = vitkit.load(save(tmp_path, w))
+    c = model.config
+    assert c.pool == {"gap": "gap", "tok": "cls", "map": "map"}[pool]
+    assert c.pos_embed == posemb and c.img_size == (224 if posemb == "sincos2d" else 32)
+    np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+
+
+def test_map_head_agrees_with_timm_and_moves_both_ways(tmp_path):
+    from timm.models.vision_transformer import VisionTransformer as TimmViT, _load_weights
+
+    params, x, want = init(bv(pool_type="map"))
+    path = save(tmp_path, ref.flatten(params, "params/"))
+    t = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, class_token=False,
+                global_pool="map").eval()
+    _load_weights(t, str(path))
+    model = vitkit.load(path)
+    np.testing.assert_allclose(logits(model, x), logits(t, x), atol=TOL, rtol=TOL)
+    back = vitkit.interop.from_timm(t)  # timm -> vitkit
+    np.testing.assert_allclose(logits(back, x), want, atol=TOL, rtol=TOL)
+    vitkit.interop.to_jax_npz(model, tmp_path / "out.npz")  # vitkit -> npz (MAPHead_0 names) -> timm
+    t2 = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, class_token=False,
+                 global_pool="map").eval()
+    _load_weights(t2, str(tmp_path / "out.npz"))
+    np.testing.assert_allclose(logits(t2, x), want, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("layers", [(), (1, 1)])
+def test_hybrid_resnet_files(tmp_path, layers):
+    """R+ViT: the root alone (R+ViT-Ti/16) and a two-stage ResNet (the R50 of R50+ViT-B/16 is (3, 4, 9))."""
+    patch = (2, 2) if layers else (4, 4)
+    params, x, want = init(vt(resnet_layers=layers, patches=patch), hw=(64, 64))
+    w = ref.flatten(params)
+    assert "conv_root/kernel" in w and (not layers or "block2/unit1/conv_proj/kernel" in w)
+    model = vitkit.load(save(tmp_path, w))
+    assert model.config.hybrid == "resnetv2:" + ",".join(map(str, layers)) and model.config.in_chans == 3
+    np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+
+
+def test_hybrid_agrees_with_timm_r26(tmp_path):
+    """timm's own R26+ViT-S/32 (ResNetV2 with StdConv2dSame) reads the same file and computes the same."""
+    import timm
+    from timm.models.vision_transformer import _load_weights
+
+    module = vt(resnet_layers=(2, 2, 2, 2), patches=(1, 1), hidden_size=384, num_heads=6, mlp_dim=1536,
+                num_layers=1)
+    params, x, want = init(module, hw=(32, 32))
+    path = save(tmp_path, ref.to_released_numbering(ref.flatten(params)))
+    t = timm.create_model("vit_small_r26_s32_224", img_size=32, depth=1, num_classes=5).eval()
+    _load_weights(t, str(path))
+    model = vitkit.load(path)
+    np.testing.assert_allclose(logits(model, x), want, atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(logits(model, x), logits(t, x), atol=1e-3, rtol=1e-3)  # timm's GN eps is 1e-5
+    t.load_state_dict(vitkit.interop.to_timm(model))  # and the state dict moves as it is
+
+
+def test_pre_logits_dropped_by_rule(tmp_path):
+    params, x, _ = init(vt(representation_size=16))
+    model = vitkit.load(save(tmp_path, ref.flatten(params)))
+    assert model.config.num_classes == 0  # features: the head sat on the dropped representation layer
+    new = vitkit.load(tmp_path / "w.npz", num_classes=3)
+    assert torch.count_nonzero(new.head.weight) == 0
+
+
+def test_unread_and_missing_keys_are_errors(tmp_path):
+    params, _, _ = init(bv(pool_type="map"))
+    w = ref.flatten(params, "params/")
+    with pytest.raises(ValueError, match=r"not understood.*params/extra/kernel"):
+        vitkit.load(save(tmp_path, {**w, "params/extra/kernel": np.zeros(3)}, "extra.npz"))
+    w.pop("params/MAPHead_0/LayerNorm_0/scale")
+    with pytest.raises(ValueError, match="missing key 'params/MAPHead_0/LayerNorm_0/scale'"):
+        vitkit.load(save(tmp_path, w, "missing.npz"))
+
+
+def test_non_square_tok_needs_and_takes_img_size(tmp_path):
+    params, x, want = init(bv(pool_type="tok"), hw=(32, 48))
+    path = save(tmp_path, ref.flatten(params))
+    with pytest.raises(ValueError, match="not a square grid"):
+        vitkit.load(path)
+    np.testing.assert_allclose(logits(vitkit.load(path, img_size=(32, 48)), x), want, atol=TOL, rtol=TOL)
+    out = tmp_path / "imported"
+    r = subprocess.run([sys.executable, "-m", "vitkit", "import", str(path), "--out", str(out), "--img-size", "32x48"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(logits(vitkit.from_pretrained(out), x), want, atol=TOL, rtol=TOL)
+    r = subprocess.run([sys.executable, "-m", "vitkit", "import", str(path), "--out", str(tmp_path / "o2")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "img_size" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_vision_transformer_non_square(tmp_path):
+    params, x, want = init(vt(), hw=(32, 48))  # 4 x 6 patches + the class token: 25 rows, which is 5 x 5
+    path = save(tmp_path, ref.flatten(params))
+    with pytest.raises(ValueError, match="not a square grid"):
+        vitkit.load(path)
+    np.testing.assert_allclose(logits(vitkit.load(path, img_size=(32, 48)), x), want, atol=TOL, rtol=TOL)
+
+
+def test_sincos_file_at_another_size(tmp_path):
+    params, _, _ = init(bv(posemb="sincos2d"))
+    model = vitkit.load(save(tmp_path, ref.flatten(params)), img_size=(48, 64))
+    assert model.config.img_size == (48, 64) and model.config.pos_embed == "sincos2d"
+    x = jax.random.normal(jax.random.PRNGKey(5), (1, 48, 64, 3))
+    want = np.asarray(bv(posemb="sincos2d").apply({"params": params}, x))
+    np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+    assert read_npz(tmp_path / "w.npz")  # the file itself is untouched and still readable
