@@ -227,3 +227,35 @@ def test_cli_import_timm_then_finetune_at_a_new_resolution(tmp_path):
 
     back = load_file(str(tmp_path / "t.safetensors"))
     assert all(torch.equal(back[k], v) for k, v in ref.state_dict().items())
+
+
+def test_every_converter_names_keys_it_does_not_understand(tmp_path):
+    """The converter contract for the timm and Hugging Face layouts (the JAX ones: tests/test_official_jax.py)."""
+    from safetensors.torch import save_file
+
+    model = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                                      num_classes=3))
+    sd = {k: v.contiguous() for k, v in vitkit.interop.to_timm(model).items()}
+    save_file({**sd, "blocks.0.ls1.gamma": torch.ones(32)}, tmp_path / "timm.safetensors")
+    with pytest.raises(ValueError, match=r"blocks\.0\.ls1\.gamma"):
+        vitkit.load(tmp_path / "timm.safetensors")
+    save_file({**sd, "blocks.0.attn.extra": torch.ones(2)}, tmp_path / "timm2.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected \['blocks\.0\.attn\.extra'\]"):
+        vitkit.load(tmp_path / "timm2.safetensors")
+    hf, _ = vitkit.interop.to_hf(model)
+    save_file({**{k: v.contiguous() for k, v in hf.items()}, "vit.encoder.layer.0.extra.weight": torch.ones(2)},
+              tmp_path / "hf.safetensors")
+    with pytest.raises(ValueError, match=r"vit\.encoder\.layer\.0\.extra\.weight"):
+        vitkit.load(tmp_path / "hf.safetensors")
+
+
+def test_image_size_flag_takes_square_and_non_square():
+    import argparse
+
+    from vitkit.cli.common import parse_image_size
+
+    assert parse_image_size(["224"]) == 224 and parse_image_size(["224x160"]) == (224, 160)
+    assert parse_image_size(["224", "160"]) == (224, 160) and parse_image_size(["96", "96"]) == 96
+    for bad in (["0"], ["a"], ["1", "2", "3"], ["224x"]):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_image_size(bad)

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 
 
 def parse_image_size(values: list[str] | str) -> int | tuple[int, int]:
     """``224`` -> 224; ``224x160``, ``224,160`` or ``224 160`` -> (224, 160) (height, width)."""
-    parts = [v for text in ([values] if isinstance(values, str) else values)
-             for v in text.lower().replace("x", " ").replace(",", " ").split()]
-    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+    text = " ".join([values] if isinstance(values, str) else values).strip().lower()
+    m = re.fullmatch(r"(\d+)(?:\s*[x, ]\s*(\d+))?", text)
+    if not m or int(m.group(1)) == 0 or (m.group(2) and int(m.group(2)) == 0):
         raise argparse.ArgumentTypeError(f"expected a size such as 224, 224x160 or 224 160 (height width), got "
-                                         f"{' '.join(values) if not isinstance(values, str) else values!r}")
-    h, w = int(parts[0]), int(parts[-1])
+                                         f"{text!r}")
+    h, w = int(m.group(1)), int(m.group(2) or m.group(1))
     return h if h == w else (h, w)
 
 
