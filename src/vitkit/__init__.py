@@ -12,22 +12,44 @@ from .model import (  # noqa: E402
     PRESETS,
     ViTConfig,
     VisionTransformer,
-    create_model,
     flops_per_image,
     from_pretrained,
-    list_models,
     record_attention,
     resample_pos_embed,
     save_pretrained,
     set_attention,
 )
 
+from .model.registry import create_model as _create_preset, list_models as _list_presets  # noqa: E402
+
 __version__ = "0.1.0"
+
+
+def create_model(name: str, pretrained: Any = False, **overrides: Any) -> VisionTransformer:
+    """A preset (``vit_base_patch16_224``), or pretrained weights: ``pretrained=True`` with a registered name
+    (``vit_base_patch16_224.augreg2_in21k_ft_in1k``, ``google/vit-base-patch16-224``), or ``pretrained=`` a Hub id,
+    URL or local path. See ``vitkit.interop.pretrained.create_model``."""
+    if not pretrained and name in PRESETS:
+        return _create_preset(name, **overrides)
+    from .interop.pretrained import create_model as create  # downloads and converters load on first use
+
+    return create(name, pretrained, **overrides)
+
+
+def list_models(pattern: str = "", pretrained: bool = False) -> list[str]:
+    """Preset names, or with ``pretrained=True`` the registered weights (containing ``pattern``)."""
+    if not pretrained:
+        return _list_presets(pattern)
+    from .interop.registry import list_pretrained  # the registry is data, read on first use
+
+    return [e.name for e in list_pretrained(pattern)]
+
 
 SUBPACKAGES = ("bench", "cli", "data", "inspect", "interop", "kernels", "model", "runtime", "serving", "speed",
                "training")
 # public functions of a subpackage, offered at the top level too: name -> module
 LAZY = {"optimize_for_inference": "runtime", "InferenceModel": "runtime", "load": "interop",
+        "data_config": "data", "transforms": "data",
         "Trainer": "training", "TrainConfig": "training"}
 
 
@@ -44,5 +66,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["PRESETS", "InferenceModel", "TrainConfig", "Trainer", "ViTConfig", "VisionTransformer", "create_model",
-           "flops_per_image", "from_pretrained", "list_models", "load", "optimize_for_inference", "record_attention",
+           "data_config", "transforms", "flops_per_image", "from_pretrained", "list_models", "load", "optimize_for_inference", "record_attention",
            "resample_pos_embed", "save_pretrained", "set_attention", "__version__"]

@@ -84,3 +84,28 @@ def load_data_from_args(ns: argparse.Namespace, default: str = "digits"):  # typ
     return load_dataset(getattr(ns, "dataset", None) or default, getattr(ns, "data_dir", None),
                         getattr(ns, "download", False), getattr(ns, "skip_bad_images", False),
                         getattr(ns, "cache_dir", None) or default_cache_dir())
+
+
+def add_weights_flags(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint PATH`` or ``--model NAME.TAG [--pretrained [SOURCE]]``: the weights a command runs."""
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--checkpoint", help="weights: a vitkit folder, or a timm / Hugging Face / JAX file or folder")
+    g.add_argument("--model", dest="weights_model",
+                   help="registered pretrained weights, NAME.TAG (`vitkit models --pretrained`); downloaded once")
+    p.add_argument("--pretrained", nargs="?", const=True, default=True, metavar="SOURCE",
+                   help="with --model: its registered weights (the default), or a Hub id / URL / file holding them")
+
+
+def load_weights(args: argparse.Namespace, **overrides: Any) -> Any:
+    """The model ``add_weights_flags`` asked for."""
+    if getattr(args, "checkpoint", None):
+        from ..interop import load
+
+        return load(args.checkpoint, **overrides)
+    from .. import create_model
+
+    return create_model(args.weights_model, pretrained=args.pretrained, **overrides)
+
+
+def weights_name(args: argparse.Namespace) -> str:
+    return args.checkpoint or args.weights_model

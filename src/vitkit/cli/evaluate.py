@@ -1,4 +1,4 @@
-"""``vitkit eval --checkpoint DIR``: top-1/top-5, loss, per-class accuracy and a confusion-matrix PNG."""
+"""``vitkit eval {--checkpoint DIR | --model NAME.TAG}``: top-1/top-5, loss, per-class accuracy and a confusion-matrix PNG."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,11 @@ from pathlib import Path
 import yaml
 
 from ..training.evaluate import EVAL_BATCH_SIZE
-from .common import ImageSize, add_data_flags, load_data_from_args
+from .common import ImageSize, add_data_flags, add_weights_flags, load_data_from_args, load_weights, weights_name
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="a checkpoint folder (e.g. runs/NAME/best)")
+    add_weights_flags(p)
     add_data_flags(p)
     p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
     p.add_argument("--img-size", action=ImageSize, default=None,
@@ -26,6 +26,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def _run_dataset_defaults(args: argparse.Namespace) -> None:
     """A checkpoint inside a run folder knows its dataset: use it unless flags say otherwise."""
+    if not getattr(args, "checkpoint", None):
+        return
     run_cfg = Path(args.checkpoint).resolve().parent / "config.yaml"
     if not getattr(args, "dataset", None) and run_cfg.is_file():
         saved = yaml.safe_load(run_cfg.read_text()) or {}
@@ -38,19 +40,18 @@ def _run_dataset_defaults(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import normalizer
     from ..inspect.plots import plot_confusion
-    from ..interop import load
     from ..runtime.inference import optimize_for_inference
     from ..runtime.precision import dtype_of, precision_of
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
 
     _run_dataset_defaults(args)
-    model = load(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
+    model = load_weights(args, **({"img_size": args.img_size} if args.img_size else {}))
     pre = getattr(model, "preprocessing", None) or {}
     data = load_data_from_args(args)
     c = model.config
     if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
-        raise ValueError(f"{args.checkpoint} has {c.num_classes} classes / {c.in_chans} channels but {data.name} has "
+        raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} has "
                          f"{data.num_classes} / {data.in_chans}")
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(n) for n in names)
     for n, a in zip(names, m["per_class_acc"]):
         print(f"  {n:<{width}}  {a:6.2f}%")
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "eval"
+    out = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint else
+                                           Path("eval") / args.weights_model.replace("/", "_"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"dataset": data.name, "split": args.split, "classes": names, **m},
                                               indent=1))

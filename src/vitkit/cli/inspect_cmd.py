@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_data_flags, load_data_from_args
+from .common import add_data_flags, add_weights_flags, load_data_from_args, load_weights
 
 KINDS = ("attention", "rollout", "distance", "posemb", "filters")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=KINDS)
-    p.add_argument("--checkpoint", required=True)
+    add_weights_flags(p)
     p.add_argument("--image", default=None, help="image file (default: the first validation image of the dataset)")
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("--layer", type=int, default=-1, help="attention: which layer (default: the last)")
@@ -41,12 +41,11 @@ def _sample_images(args, model, pre, n: int):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load
     from ..data.preprocess import preprocessing_of
     from ..inspect import analysis, plots
     from ..model.config import to_2tuple
 
-    model = load(args.checkpoint).eval()
+    model = load_weights(args).eval()
     pre = preprocessing_of(model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

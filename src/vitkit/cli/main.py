@@ -19,6 +19,7 @@ COMMANDS = {
     "import": ("import_cmd", "convert timm / Hugging Face / JAX weights into a vitkit folder"),
     "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm or Hugging Face"),
     "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
+    "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
     "bench": ("bench", "throughput against timm / Hugging Face / torchvision, and the machine's ceiling"),
 }
 

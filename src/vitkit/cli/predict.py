@@ -1,12 +1,14 @@
-"""``vitkit predict --checkpoint DIR IMAGE... --topk 5 [--json]``."""
+"""``vitkit predict {--checkpoint DIR | --model NAME.TAG} IMAGE... --topk 5 [--json]``."""
 from __future__ import annotations
 
 import argparse
 import json
 
+from .common import add_weights_flags, load_weights
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True)
+    add_weights_flags(p)
     p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -31,12 +33,11 @@ def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dic
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load
     from ..data.preprocess import preprocessing_of
     from ..runtime.inference import optimize_for_inference
     from ..runtime.device import resolve_device
 
-    model = load(args.checkpoint).to(resolve_device(args.device))
+    model = load_weights(args).to(resolve_device(args.device))
     pre = preprocessing_of(model)
     fast = optimize_for_inference(model)
     results = predict(fast, pre, args.images, args.topk)

@@ -1,13 +1,13 @@
-"""``vitkit serve --checkpoint DIR [--host 127.0.0.1] [--port 7860]``: the browser demo."""
+"""``vitkit serve {--checkpoint DIR | --model NAME.TAG} [--host 127.0.0.1] [--port 7860]``: the browser demo."""
 from __future__ import annotations
 
 import argparse
 
-from .common import add_data_flags
+from .common import add_data_flags, add_weights_flags, load_weights
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True)
+    add_weights_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--max-upload-mb", type=float, default=10.0)
@@ -45,12 +45,11 @@ def _examples(args: argparse.Namespace, names: list[str], n: int):  # type: igno
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop import load
     from ..data.preprocess import preprocessing_of
     from ..serving.app import serve
     from ..serving.predictor import Limits, Predictor
 
-    model = load(args.checkpoint)
+    model = load_weights(args)
     pre = preprocessing_of(model)
     predictor = Predictor(model, pre, Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels))
     examples = _examples(args, predictor.names, args.num_examples)

@@ -97,14 +97,19 @@ def to_8bit(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.round(out).astype(np.uint8), mode="L")
 
 
-def to_array(img: Image.Image, channels: int, size: tuple[int, int] | None = None) -> np.ndarray:
-    """(C, H, W) uint8 with ``channels`` 1 or 3; transparency composited on white; resized to ``size`` (H, W)."""
+def to_mode(img: Image.Image, channels: int) -> Image.Image:
+    """8-bit ``L`` (1 channel) or ``RGB`` (3); transparency composited on white."""
     img = to_8bit(img)
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         img = Image.alpha_composite(white, rgba)
-    img = img.convert("L" if channels == 1 else "RGB")
+    return img.convert("L" if channels == 1 else "RGB")
+
+
+def to_array(img: Image.Image, channels: int, size: tuple[int, int] | None = None) -> np.ndarray:
+    """(C, H, W) uint8 with ``channels`` 1 or 3; transparency composited on white; resized to ``size`` (H, W)."""
+    img = to_mode(img, channels)
     if size is not None and (img.height, img.width) != tuple(size):
         img = img.resize((size[1], size[0]), Image.BICUBIC)
     a = np.asarray(img, dtype=np.uint8)

@@ -1,8 +1,10 @@
 """Images from files -> the normalised tensors a checkpoint expects (predict, serve, inspect)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -12,7 +14,7 @@ from ..model.config import to_2tuple
 from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
-from .images import BadImageError, open_image, to_array
+from .images import BadImageError, open_image, to_array, to_mode
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -20,7 +22,38 @@ def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
     return BatchAugment(preprocessing["mean"], preprocessing["std"], to_2tuple(config.img_size), config.num_classes)
 
 
+def data_config(model: Any) -> dict[str, Any]:
+    """How images must be prepared for ``model``, in timm's ``resolve_data_config`` terms: input_size (C, H, W),
+    interpolation, crop_pct, crop_mode, mean, std (pretrained weights carry their publisher's values)."""
+    pre = preprocessing_of(model)
+    return {"input_size": (model.config.in_chans, *to_2tuple(model.config.img_size)),
+            "interpolation": pre.get("interpolation", "bicubic"), "crop_pct": pre.get("crop_pct", 1.0),
+            "crop_mode": pre.get("crop_mode", "squash"), "mean": tuple(pre["mean"]), "std": tuple(pre["std"])}
+
+
+def transforms(model: Any) -> Callable[[Image.Image], torch.Tensor]:
+    """The evaluation transform of ``model`` (a PIL image -> a normalised (C, H, W) tensor): resize the short side
+    to size / crop_pct and crop the centre (or, ``crop_mode="squash"``, resize both sides), as timm's
+    ``create_transform`` does for the same data config."""
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
+
+    cfg = data_config(model)
+    chans, h, w = cfg["input_size"]
+    interp = v2.InterpolationMode(cfg["interpolation"])
+    scale = (math.floor(h / cfg["crop_pct"]), math.floor(w / cfg["crop_pct"]))
+    if cfg["crop_mode"] == "squash":
+        resize = v2.Resize(scale, interpolation=interp)
+    else:
+        resize = v2.Resize(scale[0] if scale[0] == scale[1] else scale, interpolation=interp)
+    return v2.Compose([v2.Lambda(lambda im: to_mode(im, chans)), resize, v2.CenterCrop((h, w)), v2.ToImage(),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(cfg["mean"]), list(cfg["std"]))])
+
+
 def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any) -> torch.Tensor:
+    if "crop_pct" in preprocessing:  # weights with their publisher's evaluation transform
+        model = SimpleNamespace(config=config, preprocessing=preprocessing)
+        tf = transforms(model)
+        return torch.stack([tf(im) for im in images])
     size = to_2tuple(config.img_size)
     arrays = np.stack([to_array(im, config.in_chans, size) for im in images])
     return normalizer(preprocessing, config).normalize(torch.from_numpy(arrays))

@@ -1,0 +1,103 @@
+"""Getting weights files: Hugging Face Hub files through ``huggingface_hub`` (its cache, ``HF_HOME``,
+``HF_HUB_OFFLINE``, revisions, tokens), URLs into torch.hub's cache (``TORCH_HOME``) with a progress bar.
+
+A URL download is written to ``NAME.part`` and renamed only once every byte the server announced has arrived and
+the sha256 (where known) matches, so an interrupted transfer never leaves a file that looks whole: the next call
+starts it again cleanly. (torch.hub's own downloader keeps whatever arrived when a connection closes early.)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+class DownloadError(OSError):
+    """A file could not be fetched; the message says which and what to do."""
+
+
+def url_cache_dir() -> Path:
+    import torch.hub  # only for its cache location (TORCH_HOME)
+
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_url(url: str, filename: str | None = None, sha256: str | None = None, cache_dir: Path | None = None,
+                 progress: bool = True, timeout: float = 60.0) -> Path:
+    """The cached copy of ``url`` (downloaded first if missing), checked against ``sha256`` when given."""
+    d = Path(cache_dir) if cache_dir else url_cache_dir()
+    dst = d / (filename or url.rstrip("/").rsplit("/", 1)[-1])
+    if dst.is_file():
+        if sha256 and (found := sha256_of(dst)) != sha256:
+            raise DownloadError(f"{dst}: sha256 {found} but {url} should have {sha256}; delete the file to download "
+                                "it again")
+        return dst
+    d.mkdir(parents=True, exist_ok=True)
+    part = dst.with_name(dst.name + ".part")
+    part.unlink(missing_ok=True)  # a transfer that was cut off earlier starts again from the beginning
+    by_hand = f"download it on a machine with internet and place it at {dst}, or pass the local file instead"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vitkit"}),
+                                    timeout=timeout) as r:
+            total = int(r.headers["Content-Length"]) if r.headers.get("Content-Length") else None
+            h, got = hashlib.sha256(), 0
+            from tqdm import tqdm  # the progress bar
+
+            with open(part, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                             desc=dst.name, disable=not progress) as bar:
+                while block := r.read(CHUNK):
+                    f.write(block)
+                    h.update(block)
+                    got += len(block)
+                    bar.update(len(block))
+        if total is not None and got != total:
+            raise DownloadError(f"{url}: the transfer stopped after {got} of {total} bytes; nothing was kept, run "
+                                f"again to restart it (or {by_hand})")
+        if sha256 and h.hexdigest() != sha256:
+            raise DownloadError(f"{url}: downloaded sha256 {h.hexdigest()} differs from the expected {sha256}; "
+                                "nothing was kept (a changed or corrupted file)")
+        os.replace(part, dst)
+        return dst
+    except urllib.error.HTTPError as e:
+        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}: the server does not give this file; check the URL, "
+                            f"or {by_hand}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        reason = getattr(e, "reason", e)
+        raise DownloadError(f"{url}: could not download ({reason}); no network here? {by_hand[0].upper()}"
+                            f"{by_hand[1:]}") from None
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def hub_file(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None) -> Path:
+    """A file of a Hugging Face Hub repo, from ``huggingface_hub``'s cache or downloaded into it."""
+    from huggingface_hub import hf_hub_download  # an optional part of loading
+    from huggingface_hub.errors import (  # likewise
+        EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError)
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, token=token))
+    except (LocalEntryNotFoundError, OSError) as e:  # not cached, and offline or no network
+        if isinstance(e, RepositoryNotFoundError):
+            raise DownloadError(f"hf.co/{repo_id}: no such repository (or it is private: log in with "
+                                "`huggingface-cli login` or set HF_TOKEN)") from None
+        if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
+            raise DownloadError(f"hf.co/{repo_id} has no file {filename!r}") from None
+        from huggingface_hub.constants import HF_HUB_CACHE, HF_HUB_OFFLINE  # read at the time of the error
+
+        why = "HF_HUB_OFFLINE is set" if HF_HUB_OFFLINE else f"no network? ({type(e).__name__})"
+        raise DownloadError(f"could not get {filename} of hf.co/{repo_id}: it is not in the cache ({HF_HUB_CACHE}) "
+                            f"and {why}. On a machine with internet run `huggingface-cli download {repo_id} "
+                            f"{filename}` and copy its cache to HF_HOME here, or pass the local file") from None

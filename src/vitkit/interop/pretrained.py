@@ -1,0 +1,103 @@
+"""``create_model(name, pretrained=...)``: a preset, or weights from the registry, the Hub, a URL or a local path,
+loaded through the one loader and carrying the preprocessing they were trained with."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..model.config import PRESETS
+from ..model.registry import create_model as create_preset
+from ..model.vit import VisionTransformer
+from .download import download_url, hub_file
+from .load import load
+from .registry import PRETRAINED, Pretrained, get_pretrained
+
+LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
+ARCH_KEYS = ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool",
+             "pos_embed", "fc_norm", "hybrid")
+
+
+def class_names(labels: str | None, num_classes: int) -> list[str] | None:
+    """The names of a label set that ships with vitkit (ImageNet-1k), when the head has that many classes."""
+    if labels not in LABEL_FILES:
+        return None
+    names = (Path(__file__).parent / LABEL_FILES[labels]).read_text().splitlines()
+    return names if len(names) == num_classes else None
+
+
+def fetch(entry: Pretrained, revision: str | None = None, progress: bool = True) -> Path:
+    """The local file (or, for Hugging Face repos, folder) of a registry entry."""
+    if entry.hub:
+        path = hub_file(entry.hub, entry.filename, revision)
+        if entry.fmt == "hf":
+            hub_file(entry.hub, "config.json", revision)  # beside the weights in the same snapshot folder
+            return path.parent
+        return path
+    return download_url(str(entry.url), entry.filename, entry.sha256, progress=progress)
+
+
+def resolve(source: str, revision: str | None = None, progress: bool = True) -> tuple[Path, str | None]:
+    """(local path, format or None to detect) for ``hf-hub:ORG/REPO``, ``ORG/REPO`` (a Hub id), a URL or a path."""
+    if source.startswith(("http://", "https://")):
+        return download_url(source, progress=progress), None
+    local = Path(source).expanduser()
+    if local.exists():
+        return local, None
+    repo = source.removeprefix("hf-hub:")
+    if repo.count("/") == 1 and not source.startswith((".", "/", "~")):
+        config = json.loads(hub_file(repo, "config.json", revision).read_text())
+        if config.get("model_type") == "vit":
+            hub_file(repo, "model.safetensors", revision)
+            return hub_file(repo, "config.json", revision).parent, "hf"
+        return hub_file(repo, "model.safetensors", revision), "timm"
+    raise FileNotFoundError(f"{source}: not a file or folder, a URL, a Hub id (ORG/REPO or hf-hub:ORG/REPO) or a "
+                            "registered name (`vitkit models --pretrained`)")
+
+
+def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
+    """The weights are the architecture the name promises (never a silently different model under its name)."""
+    want = PRESETS[arch]
+    diff = {k: (getattr(want, k), getattr(model.config, k)) for k in ARCH_KEYS
+            if getattr(want, k) != getattr(model.config, k)}
+    if diff:
+        raise ValueError(f"{source}: the weights are not a {arch}: " + ", ".join(
+            f"{k} {theirs!r} where {arch} has {ours!r}" for k, (ours, theirs) in diff.items()))
+
+
+def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progress: bool = True,
+                          **overrides: Any) -> VisionTransformer:
+    path = fetch(entry, revision, progress)
+    model = load(path, entry.fmt, **overrides)
+    check_arch(model, entry.arch, entry.source)
+    pre = {**entry.preprocessing(), "source": entry.name}
+    pre["class_names"] = class_names(entry.labels, model.config.num_classes)
+    model.preprocessing = {**getattr(model, "preprocessing", {}), **pre,
+                           "img_size": model.config.to_dict()["img_size"]}
+    return model
+
+
+def create_model(name: str, pretrained: bool | str = False, revision: str | None = None, progress: bool = True,
+                 **overrides: Any) -> VisionTransformer:
+    """A model by name: a preset (``vit_base_patch16_224``) or registered weights (``vit_base_patch16_224.augreg2_
+    in21k_ft_in1k``, ``google/vit-base-patch16-224``, ``jax/imagenet21k/ViT-B_16``).
+
+    ``pretrained=True`` loads the registered weights (a bare preset name takes its first entry, as timm does);
+    ``pretrained="hf-hub:ORG/REPO"``, a Hub id, a URL or a local file/folder loads those instead (and they must be
+    the named architecture). ``num_classes`` starts a new zero head, ``img_size`` resamples the position
+    embeddings (§3.2). Hub files come through huggingface_hub (``HF_HOME``, ``HF_HUB_OFFLINE``, tokens), URLs
+    into torch.hub's cache; weights are safetensors, npz or ``weights_only`` loads, never pickles."""
+    if isinstance(pretrained, str):
+        path, fmt = resolve(pretrained, revision, progress)
+        model = load(path, fmt, **overrides)
+        arch = name if name in PRESETS else get_pretrained(name).arch
+        check_arch(model, arch, pretrained)
+        return model
+    if pretrained:
+        return load_pretrained_entry(get_pretrained(name), revision, progress, **overrides)
+    if name in PRESETS:
+        return create_preset(name, **overrides)
+    entry = get_pretrained(name)  # a tag without its weights: the architecture, the entry's head and preprocessing
+    model = create_preset(entry.arch, **{"num_classes": entry.num_classes, **overrides})
+    model.preprocessing = {**entry.preprocessing(), "img_size": model.config.to_dict()["img_size"]}
+    return model
