@@ -255,3 +255,33 @@ def test_every_entry_names_an_existing_architecture():
         assert e.arch in vitkit.PRESETS, e.name
         assert e.name in PRETRAINED and (e.hub or e.url)
     assert json.dumps([e.preprocessing() for e in ENTRIES])  # plain values: they go into config.json
+
+
+@pytest.mark.skipif(ANTS_BEES is None, reason="../shared/data/ants-bees.zip is not here")
+def test_finetune_recipe_end_to_end_on_ants_bees(tmp_path):
+    """A locally made "pretrained" ViT-Ti (timm's own save, in a Hub cache) fine-tuned on the real photos."""
+    import timm
+    from timm.models._hub import save_for_hf
+
+    name = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model("vit_tiny_patch16_224", num_classes=1000), str(tmp_path / "saved"),
+                safe_serialization=True)
+    put_in_hub_cache(tmp_path / "hf", f"timm/{name}", tmp_path / "saved")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    for extra, out in (([], "ft"), (["--freeze-body"], "probe")):
+        r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--init", name, "--dataset", "folder",
+                            "--data-dir", str(ANTS_BEES), "--epochs", "1", "--img-size", "96", "--output",
+                            str(tmp_path / out), *extra], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        log = r.stdout
+        assert "configs/finetune.yaml" in log and "opt: sgd" in log and "weight_decay: 0.0" in log
+        assert "clip_grad: 1.0" in log and "val_top1=" in log and f"model --init {name}" in log
+        assert "fewer than 8 optimiser steps" in log  # 245 photos: the 512 batch is cut
+        ft = vitkit.from_pretrained(tmp_path / out / "last")
+        assert ft.config.num_classes == 2 and ft.config.img_size == 96 and ft.pos_embed.shape[1] == 1 + 6 * 6
+        assert ft.preprocessing["class_names"] == ["ants", "bees"] and ft.preprocessing["mean"] == [0.5] * 3
+    assert "--freeze-body: only the head trains (386 parameters)" in log
+    base = vitkit.create_model(name, pretrained=str(tmp_path / "saved" / "model.safetensors"))
+    probe = vitkit.from_pretrained(tmp_path / "probe" / "last")
+    assert torch.equal(probe.blocks[0].attn.qkv.weight, base.blocks[0].attn.qkv.weight)  # the body stayed frozen

@@ -15,7 +15,9 @@ from .common import add_data_flags, add_model_flags, model_overrides
 
 # flag -> TrainConfig field (type, help); every default is "not given" so layering works
 TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
-    ("--init",): ("init", str, "fine-tune from weights: a vitkit folder, a timm/HF folder or file, or a JAX .npz"),
+    ("--init",): ("init", str, "fine-tune from weights: a registered NAME.TAG (`vitkit models --pretrained`), a Hub "
+                               "id, a URL, a vitkit folder, a timm/HF folder or file, or a JAX .npz; picks the "
+                               "paper's fine-tuning recipe (configs/finetune.yaml)"),
     ("--epochs",): ("epochs", int, "epochs"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
     ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),
@@ -45,7 +47,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
 }
 BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluated and saved)"),
               "--compile": ("compile", "torch.compile the model"),
-              "--hflip": ("hflip", "random horizontal flips")}
+              "--hflip": ("hflip", "random horizontal flips"),
+              "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)")}
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -65,6 +68,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     from ..training.checkpoint import recover_run
     from ..training.config import TrainConfig, read_yaml, safe_yaml
     from ..training.recipes import choose_recipe, flips_change_labels
+    from ..interop.pretrained import init_image_size
 
     given = {k: v for k, v in vars(args).items()
              if not k.startswith(("model__", "_")) and k not in ("command", "config")}
@@ -85,17 +89,26 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
     merged: dict[str, Any] = {"dataset": dataset}
     time_limit = given.get("time_limit") or file_cfg.get("time_limit")  # recipes hold settings for short budgets
+    init = given.get("init") or file_cfg.get("init")
     data = None
     if not saved:
+        if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
+            size = model_overrides(args).get("img_size") or init_image_size(init)
+            merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
         if dataset == "folder":
             data_dir = given.get("data_dir") or file_cfg.get("data_dir")
             probe = {**given, **file_cfg}
             data = load_dataset("folder", data_dir, False, probe.get("skip_bad_images", False),
-                                probe.get("cache_dir") or default_cache_dir(), progress=_progress())
-            name = choose_recipe(data)
+                                probe.get("cache_dir") or default_cache_dir(), progress=_progress(),
+                                max_side=merged.get("folder_max_side", 128))
+            name = "finetune" if init else choose_recipe(data)
             print(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
-            name = dataset
+            name = "finetune" if init else dataset
+        if init:
+            print(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no "
+                  "weight decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings "
+                  "resampled to the training size; a --config file or flags override it)")
         merged.update({k: v for k, v in _recipe_for_budget(name, time_limit).items() if k != "dataset"})
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
@@ -107,7 +120,19 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
         merged.update({k: v for k, v in layer.items() if k != "model_args"})
         merged["model_args"] = {**merged.get("model_args", {}), **layer.get("model_args", {})}
     merged.setdefault("cache_dir", default_cache_dir())
+    if init and not saved and data is not None:
+        _fit_accumulation(merged, len(data.train), "grad_accum" in given or "grad_accum" in file_cfg)
     return TrainConfig.from_dict(merged, source="train config"), data
+
+
+def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool) -> None:
+    """The recipe's batch of 512 by accumulation, cut on a small dataset so an epoch keeps 8 optimiser steps."""
+    batch, accum = merged.get("batch_size", 32), merged.get("grad_accum", 1)
+    fitted = max(1, min(accum, n_train // (8 * batch)))
+    if fitted != accum and not user_set:
+        merged["grad_accum"] = fitted
+        print(f"batch {batch} x {fitted} accumulated = {batch * fitted} (not {batch * accum}): {n_train} training "
+              "images would give fewer than 8 optimiser steps an epoch")
 
 
 def _recipe_for_budget(name: str, time_limit: float | None) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def load_fake_splits(n: int = 256, img_size: int = 16, channels: int = 3, num_cl
 
 
 def load_dataset(name: str, data_dir: str | None = None, download: bool = False, skip_bad_images: bool = False,
-                 cache_dir: str | None = None, progress: Callable | None = None) -> DataSplits:
+                 cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128) -> DataSplits:
     """One entry point for every dataset name in :data:`DATASETS`."""
     if name == "digits":
         return load_digits_splits()
@@ -137,7 +137,8 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
         if not data_dir:
             raise ValueError("--dataset folder needs --data-dir DIR (a folder or .zip with train/<class>/* and "
                              "val/<class>/* or test/<class>/*)")
-        return load_folder_splits(data_dir, skip_bad_images, cache_dir=cache_dir, progress=progress)
+        return load_folder_splits(data_dir, skip_bad_images, cache_dir=cache_dir, progress=progress,
+                                  max_side=max_side)
     if name == "fake":
         return load_fake_splits()
     raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")

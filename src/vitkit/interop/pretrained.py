@@ -101,3 +101,23 @@ def create_model(name: str, pretrained: bool | str = False, revision: str | None
     model = create_preset(entry.arch, **{"num_classes": entry.num_classes, **overrides})
     model.preprocessing = {**entry.preprocessing(), "img_size": model.config.to_dict()["img_size"]}
     return model
+
+
+def load_init(source: str, **overrides: Any) -> VisionTransformer:
+    """Weights to fine-tune (``vitkit train --init``): a registered NAME.TAG, a Hub id, a URL or a local path."""
+    if source in PRETRAINED or (not Path(source).exists() and source in PRESETS):
+        return load_pretrained_entry(get_pretrained(source), **overrides)
+    path, fmt = resolve(source)
+    return load(path, fmt, **overrides)
+
+
+def init_image_size(source: str) -> int | tuple[int, int]:
+    """The image size weights were trained at, without loading them (224 where only loading would tell)."""
+    if source in PRETRAINED:
+        return PRETRAINED[source].img_size
+    p = Path(source)
+    if (p / "config.json").is_file():
+        meta = json.loads((p / "config.json").read_text())
+        size = (meta.get("model") or {}).get("img_size") or meta.get("image_size") or 224
+        return size if isinstance(size, int) else tuple(size)
+    return 224

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from ..data.datasets import DataSplits, load_dataset
-from ..interop.load import load
+from ..interop.pretrained import load_init
 from ..model.config import to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
@@ -20,7 +20,8 @@ from .config import TrainConfig
 
 def build_data(cfg: TrainConfig) -> DataSplits:
     """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``)."""
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir)
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
+                        max_side=cfg.folder_max_side)
 
 
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
@@ -28,7 +29,7 @@ def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
     if cfg.init:
         # the architecture comes from the weights; only what fine-tuning may change is taken from the config
-        model = load(cfg.init, **{k: v for k, v in overrides.items() if k in ADAPTABLE})
+        model = load_init(cfg.init, **{k: v for k, v in overrides.items() if k in ADAPTABLE})
         if model.config.in_chans != data.in_chans:
             raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
                              f"{data.in_chans}")

@@ -27,7 +27,9 @@ class TrainConfig:
     # model: a preset plus ViTConfig overrides (img_size, patch_size, embed_dim, depth, ...)
     model: str = "vit_nano_patch2_8"
     model_args: dict[str, Any] = field(default_factory=dict)
-    init: str | None = None  # fine-tune from a save_pretrained folder (position embeddings resampled, new head)
+    init: str | None = None  # fine-tune from weights: a registered NAME.TAG or any file/folder vitkit.load reads
+    freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)
+    folder_max_side: int = 128  # --dataset folder: images are held in memory at up to this many pixels a side
     # optimisation
     epochs: int = 30
     batch_size: int = 128
@@ -70,6 +72,7 @@ class TrainConfig:
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
+        check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
         for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "eval_every"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")

@@ -29,7 +29,7 @@ from .build import build_data, build_model, model_for_training, preprocessing_fo
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .evaluate import evaluate
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .runlog import RunLog
 
 __all__ = ["RunResult", "Trainer", "TrainingDiverged", "build_model", "resolve_device"]
@@ -69,6 +69,8 @@ class Trainer:
         self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
                                     mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
                                     cutmix=cfg.cutmix)
+        if cfg.freeze_body:
+            log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
         self.optimizer = build_optimizer(self.model, cfg)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
@@ -228,7 +230,8 @@ class Trainer:
     def _announce(self) -> None:
         cfg = self.cfg
         self.log(self.data.describe())
-        self.log(f"model {cfg.model}: {self.model.num_params:,} parameters on {self.device} in {self.precision}"
+        what = f"--init {cfg.init}" if cfg.init else cfg.model
+        self.log(f"model {what}: {self.model.num_params:,} parameters on {self.device} in {self.precision}"
                  f"{' (auto)' if cfg.precision == 'auto' else ''}; {self.steps_per_epoch} steps/epoch, "
                  f"global batch {cfg.batch_size * self.world * cfg.grad_accum}")
         note = precision_note(self.precision, self.device)
