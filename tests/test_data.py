@@ -1,5 +1,4 @@
 """Every dataset loader on local files, and the batch augmentation."""
-import gzip
 import zipfile
 from pathlib import Path
 

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     data = load_data_from_args(args)
     c = model.config
     if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
-        raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} has "
-                         f"{data.num_classes} / {data.in_chans}")
+        raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} "
+                         f"has {data.num_classes} / {data.in_chans}")
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
     device = resolve_device(args.device)

@@ -95,9 +95,9 @@ def create_model(name: str, pretrained: bool | str = False, revision: str | None
         return model
     if pretrained:
         return load_pretrained_entry(get_pretrained(name), revision, progress, **overrides)
-    if name in PRESETS:
+    if name not in PRETRAINED:  # a preset, or an unknown name (the error lists close preset names)
         return create_preset(name, **overrides)
-    entry = get_pretrained(name)  # a tag without its weights: the architecture, the entry's head and preprocessing
+    entry = PRETRAINED[name]  # a tag without its weights: the architecture, the entry's head and preprocessing
     model = create_preset(entry.arch, **{"num_classes": entry.num_classes, **overrides})
     model.preprocessing = {**entry.preprocessing(), "img_size": model.config.to_dict()["img_size"]}
     return model

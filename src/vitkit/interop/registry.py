@@ -131,7 +131,8 @@ PRETRAINED: dict[str, Pretrained] = {e.name: e for e in ENTRIES}
 
 
 def default_tag(arch: str) -> Pretrained | None:
-    """The first entry for a bare architecture name (as timm: ``vit_base_patch16_224`` -> ``.augreg2_in21k_ft_in1k``)."""
+    """The first entry for a bare architecture name, as timm picks one (``vit_base_patch16_224`` ->
+    ``.augreg2_in21k_ft_in1k``)."""
     return next((e for e in ENTRIES if e.name.split(".")[0] == arch and e.hub and e.hub.startswith("timm/")), None)
 
 
