@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 
-
 def parse_image_size(values: list[str] | str) -> int | tuple[int, int]:
     """``224`` -> 224; ``224x160``, ``224,160`` or ``224 160`` -> (224, 160) (height, width)."""
     text = " ".join([values] if isinstance(values, str) else values).strip().lower()

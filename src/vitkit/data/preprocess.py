@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -25,8 +24,11 @@ def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
 def data_config(model: Any) -> dict[str, Any]:
     """How images must be prepared for ``model``, in timm's ``resolve_data_config`` terms: input_size (C, H, W),
     interpolation, crop_pct, crop_mode, mean, std (pretrained weights carry their publisher's values)."""
-    pre = preprocessing_of(model)
-    return {"input_size": (model.config.in_chans, *to_2tuple(model.config.img_size)),
+    return _data_config(preprocessing_of(model), model.config)
+
+
+def _data_config(pre: dict[str, Any], config: Any) -> dict[str, Any]:
+    return {"input_size": (config.in_chans, *to_2tuple(config.img_size)),
             "interpolation": pre.get("interpolation", "bicubic"), "crop_pct": pre.get("crop_pct", 1.0),
             "crop_mode": pre.get("crop_mode", "squash"), "mean": tuple(pre["mean"]), "std": tuple(pre["std"])}
 
@@ -35,9 +37,13 @@ def transforms(model: Any) -> Callable[[Image.Image], torch.Tensor]:
     """The evaluation transform of ``model`` (a PIL image -> a normalised (C, H, W) tensor): resize the short side
     to size / crop_pct and crop the centre (or, ``crop_mode="squash"``, resize both sides), as timm's
     ``create_transform`` does for the same data config."""
+    return eval_transform(preprocessing_of(model), model.config)
+
+
+def eval_transform(pre: dict[str, Any], config: Any) -> Callable[[Image.Image], torch.Tensor]:
     from torchvision.transforms import v2  # torchvision's transforms load on first use
 
-    cfg = data_config(model)
+    cfg = _data_config(pre, config)
     chans, h, w = cfg["input_size"]
     interp = v2.InterpolationMode(cfg["interpolation"])
     scale = (math.floor(h / cfg["crop_pct"]), math.floor(w / cfg["crop_pct"]))
@@ -51,8 +57,7 @@ def transforms(model: Any) -> Callable[[Image.Image], torch.Tensor]:
 
 def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any) -> torch.Tensor:
     if "crop_pct" in preprocessing:  # weights with their publisher's evaluation transform
-        model = SimpleNamespace(config=config, preprocessing=preprocessing)
-        tf = transforms(model)
+        tf = eval_transform(preprocessing, config)
         return torch.stack([tf(im) for im in images])
     size = to_2tuple(config.img_size)
     arrays = np.stack([to_array(im, config.in_chans, size) for im in images])

@@ -17,6 +17,12 @@ def heads_for(width: int) -> int:
     return WIDTH_TO_HEADS.get(width, max(1, width // 64))
 
 
+def patch_count(img_size: Any, patch: tuple[int, int], stride: int = 1) -> int:
+    """How many patches an image of ``img_size`` makes with ``patch`` (kh, kw) cut from a stride-``stride`` map."""
+    h, w = to_2tuple(img_size)
+    return (h // (patch[0] * stride)) * (w // (patch[1] * stride))
+
+
 def resnetv2_spec(sd: dict[str, torch.Tensor]) -> str | None:
     """The hybrid spec of timm-named ``patch_embed.backbone.stages.I.blocks.J`` keys (the official R+ViT ResNet)."""
     if "patch_embed.backbone.conv.weight" in sd and "patch_embed.backbone.norm.weight" in sd:
@@ -57,10 +63,9 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
         n = sd["pos_embed"].shape[1] - prefix
         side = math.isqrt(n)
         if "img_size" in known:
-            (h, w_), s = to_2tuple(known["img_size"]), stride
-            if (h // (ph * s)) * (w_ // (pw * s)) != n:
+            if (cells := patch_count(known["img_size"], (ph, pw), stride)) != n:
                 raise ValueError(f"{source}: pos_embed has {n} patch tokens; img_size={known['img_size']} with "
-                                 f"patch {(ph, pw)} x stride {s} makes {(h // (ph * s)) * (w_ // (pw * s))}")
+                                 f"patch {(ph, pw)} x stride {stride} makes {cells}")
         elif side * side == n:
             cfg["img_size"] = (side * ph * stride if ph == pw else (side * ph * stride, side * pw * stride))
         else:

@@ -30,11 +30,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..model.config import ViTConfig, hybrid_stride, resnetv2_layers, to_2tuple
+from ..model.config import ViTConfig, hybrid_stride, resnetv2_layers
 from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .contract import KeyLedger
-from .infer import infer_config
+from .infer import infer_config, patch_count
 
 SUPPORTED = ("vision_transformer (original, AugReg, Linen; R+ViT hybrids) and big_vision ViTs (learn/sincos2d "
              "position embeddings; tok/gap/map pooling; scanned or not)")
@@ -202,22 +202,20 @@ def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any =
     sd = {ours: _to_torch(get(theirs, idx), kind) for ours, theirs, idx, kind in _one_to_one(L, hybrid, pool, head)}
     heads = None
     for ours, a, idx, names in _attention(L, pool):
-        qkv = [torch.from_numpy(np.ascontiguousarray(get(f"{a}{n}/kernel", idx))).float() for n in
-               ("query", "key", "value")]  # d h e each
+        qkv = [_to_torch(get(f"{a}{n}/kernel", idx), "copy") for n in ("query", "key", "value")]  # d h e each
         heads = heads or qkv[0].shape[1]
-        bias = [torch.from_numpy(np.ascontiguousarray(get(f"{a}{n}/bias", idx))).float().flatten()
+        bias = [_to_torch(get(f"{a}{n}/bias", idx), "copy").flatten()
                 for n in ("query", "key", "value") if f"{a}{n}/bias" in w or names == ("query",)]
         weights = [x.flatten(1).T for x in qkv]  # d h e -> (h e) d
         if names == ("query",):  # MAP: the probe's query apart, keys and values of the tokens together
             sd[ours + "q.weight"], sd[ours + "kv.weight"] = weights[0], torch.cat(weights[1:])
             sd[ours + "q.bias"], sd[ours + "kv.bias"] = bias[0], torch.cat(bias[1:])
-            sd[ours + "proj.weight"] = torch.from_numpy(get(f"{a}out/kernel")).float().flatten(0, 1).T.contiguous()
         else:
             sd[ours + "qkv.weight"] = torch.cat(weights)
             if bias:
                 sd[ours + "qkv.bias"] = torch.cat(bias)
-            out = torch.from_numpy(np.ascontiguousarray(get(f"{a}out/kernel", idx))).float()
-            sd[ours + "proj.weight"] = out.flatten(0, 1).T.contiguous()  # (h e) d -> d (h e)
+        out = _to_torch(get(f"{a}out/kernel", idx), "copy")
+        sd[ours + "proj.weight"] = out.flatten(0, 1).T.contiguous()  # (h e) d -> d (h e)
     said: dict[str, Any] = {"num_heads": heads} if heads else {}
     if hybrid is not None:
         said["hybrid"] = "resnetv2:" + ",".join(map(str, hybrid))
@@ -243,9 +241,7 @@ def _with_class_row(pos: torch.Tensor, big_vision: bool, pool: str, sd: dict[str
     rows = pos.shape[1]
     if img_size is not None:
         stride = hybrid_stride(said["hybrid"]) if "hybrid" in said else 1
-        kh, kw = sd["patch_embed.proj.weight"].shape[2:]
-        (h, w) = to_2tuple(img_size)
-        has_row = rows == (h // (kh * stride)) * (w // (kw * stride)) + 1
+        has_row = rows == patch_count(img_size, sd["patch_embed.proj.weight"].shape[2:], stride) + 1
     else:  # a combined class+grid table, as a vision_transformer file carried over into big_vision's layout
         has_row = math.isqrt(rows) ** 2 != rows and math.isqrt(rows - 1) ** 2 == rows - 1
     return pos if has_row else torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)

@@ -46,11 +46,11 @@ def resolve(source: str, revision: str | None = None, progress: bool = True) -> 
         return local, None
     repo = source.removeprefix("hf-hub:")
     if repo.count("/") == 1 and not source.startswith((".", "/", "~")):
-        config = json.loads(hub_file(repo, "config.json", revision).read_text())
-        if config.get("model_type") == "vit":
-            hub_file(repo, "model.safetensors", revision)
-            return hub_file(repo, "config.json", revision).parent, "hf"
-        return hub_file(repo, "model.safetensors", revision), "timm"
+        config = hub_file(repo, "config.json", revision)
+        weights = hub_file(repo, "model.safetensors", revision)
+        if json.loads(config.read_text()).get("model_type") == "vit":
+            return config.parent, "hf"  # transformers reads the snapshot folder: config.json beside the weights
+        return weights, "timm"
     raise FileNotFoundError(f"{source}: not a file or folder, a URL, a Hub id (ORG/REPO or hf-hub:ORG/REPO) or a "
                             "registered name (`vitkit models --pretrained`)")
 
@@ -70,9 +70,13 @@ def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progre
     path = fetch(entry, revision, progress)
     model = load(path, entry.fmt, **overrides)
     check_arch(model, entry.arch, entry.source)
-    pre = {**entry.preprocessing(), "source": entry.name}
-    pre["class_names"] = class_names(entry.labels, model.config.num_classes)
-    model.preprocessing = {**getattr(model, "preprocessing", {}), **pre,
+    return with_preprocessing(model, entry, source=entry.name,
+                              class_names=class_names(entry.labels, model.config.num_classes))
+
+
+def with_preprocessing(model: VisionTransformer, entry: Pretrained, **extra: Any) -> VisionTransformer:
+    """``model`` carrying the entry's evaluation preprocessing (what save_pretrained and predict read)."""
+    model.preprocessing = {**getattr(model, "preprocessing", {}), **entry.preprocessing(), **extra,
                            "img_size": model.config.to_dict()["img_size"]}
     return model
 
@@ -98,9 +102,7 @@ def create_model(name: str, pretrained: bool | str = False, revision: str | None
     if name not in PRETRAINED:  # a preset, or an unknown name (the error lists close preset names)
         return create_preset(name, **overrides)
     entry = PRETRAINED[name]  # a tag without its weights: the architecture, the entry's head and preprocessing
-    model = create_preset(entry.arch, **{"num_classes": entry.num_classes, **overrides})
-    model.preprocessing = {**entry.preprocessing(), "img_size": model.config.to_dict()["img_size"]}
-    return model
+    return with_preprocessing(create_preset(entry.arch, **{"num_classes": entry.num_classes, **overrides}), entry)
 
 
 def load_init(source: str, **overrides: Any) -> VisionTransformer:
