@@ -259,3 +259,27 @@ def test_image_size_flag_takes_square_and_non_square():
     for bad in (["0"], ["a"], ["1", "2", "3"], ["224x"]):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_image_size(bad)
+
+
+def test_broken_npz_files_are_refused_by_name(tmp_path):
+    """Truncated, foreign, single-array and object-array .npz files: one clear error each, never an unpickle."""
+    import numpy as np
+
+    from vitkit.interop.jax import read_npz
+
+    model = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                                      num_classes=3))
+    vitkit.interop.to_jax_npz(model, tmp_path / "ok.npz")
+    whole = (tmp_path / "ok.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.npz").write_text("not a zip")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "one.npz").write_bytes((tmp_path / "one.npy").read_bytes())
+    np.savez(tmp_path / "obj.npz", a=np.array([object()], dtype=object))
+    with pytest.raises(ValueError, match="cut.npz: not a readable .npz file"):
+        read_npz(tmp_path / "cut.npz")
+    for name in ("text.npz", "one.npz"):
+        with pytest.raises(ValueError, match=f"{name}: not an .npz file"):
+            read_npz(tmp_path / name)
+    with pytest.raises(ValueError, match="obj.npz: holds object .pickled. arrays; vitkit never unpickles"):
+        read_npz(tmp_path / "obj.npz")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -251,8 +252,19 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found")
-    with np.load(p, allow_pickle=False) as z:  # never unpickle object arrays
-        return {k: z[k] for k in z.files}
+    with open(p, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # numpy would try a pickle or a single .npy array on anything else
+            raise ValueError(f"{p}: not an .npz file (a zip of named arrays, as the official checkpoints are)")
+    try:
+        with np.load(p, allow_pickle=False) as z:  # never unpickle object arrays
+            return {k: z[k] for k in z.files}
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise ValueError(f"{p}: holds object (pickled) arrays; vitkit never unpickles, and the official "
+                             "checkpoints are plain numeric arrays") from None
+        raise ValueError(f"{p}: not an .npz checkpoint ({e})") from None
+    except (zipfile.BadZipFile, EOFError, OSError) as e:
+        raise ValueError(f"{p}: not a readable .npz file (truncated, or not a zip of arrays: {e})") from None
 
 
 def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
