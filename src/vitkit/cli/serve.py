@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import add_data_flags, add_weights_flags, load_weights
 
@@ -12,6 +13,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--max-upload-mb", type=float, default=10.0)
     p.add_argument("--max-pixels", type=int, default=40_000_000)
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per batch (default: measured at start-up, the fewest within 10%% of the fastest)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="batches predicted at once (default: the usable cores / --threads)")
+    p.add_argument("--max-batch", type=int, default=16, help="uploads waiting together are predicted as one batch")
+    p.add_argument("--max-queue", type=int, default=64, help="uploads waiting or running; past it: 503 busy, retry")
     p.add_argument("--num-examples", type=int, default=8, help="example images offered from the dataset")
     add_data_flags(p)
 
@@ -51,8 +58,17 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_weights(args)
     pre = preprocessing_of(model)
-    predictor = Predictor(model, pre, Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels))
+    for flag in ("threads", "workers", "max_batch", "max_queue"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            print(f"vitkit serve: error: --{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}",
+                  file=sys.stderr)
+            return 2
+    limits = Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels, workers=args.workers,
+                    max_batch=args.max_batch, max_queue=args.max_queue)
+    predictor = Predictor(model, pre, limits, threads=args.threads)
     examples = _examples(args, predictor.names, args.num_examples)
     serve(predictor, args.host, args.port, examples,
-          on_ready=lambda url: print(f"vitkit demo on {url}  ({len(examples)} example images)", flush=True))
+          on_ready=lambda url: print(f"vitkit demo on {url}  ({len(examples)} example images)\n"
+                                     f"{predictor.threads_note}; {predictor.workers} worker(s), batches of up to "
+                                     f"{limits.max_batch}, {limits.max_queue} uploads queued at most", flush=True))
     return 0

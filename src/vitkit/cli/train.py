@@ -19,6 +19,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                "id, a URL, a vitkit folder, a timm/HF folder or file, or a JAX .npz; picks the "
                                "paper's fine-tuning recipe (configs/finetune.yaml)"),
     ("--epochs",): ("epochs", int, "epochs"),
+    ("--train-fraction",): ("train_fraction", float, "train on this share of the training images (class-balanced, "
+                                                     "the same images for every model and seed; learning curves)"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
     ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),
     ("--lr",): ("lr", float, "peak learning rate (for the global batch; not scaled automatically)"),
@@ -37,6 +39,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | auto (bf16 where the "
                                          "device computes in bf16 natively, else fp32; the recipes' choice)"),
     ("--device",): ("device", str, "auto | cpu | cuda | cuda:N | mps"),
+    ("--threads",): ("threads", int, "CPU threads (default: measured at the start, the fewest within 10%% of the "
+                                     "fastest; logged)"),
     ("--seed",): ("seed", int, "random seed"),
     ("--time-limit",): ("time_limit", float, "minutes of wall time; the LR schedule is planned to end there"),
     ("--output",): ("output", str, "run folder (default runs/<dataset>-<time>)"),
@@ -46,7 +50,6 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--eval-every",): ("eval_every", int, "evaluate every N epochs (the last epoch always)"),
 }
 BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluated and saved)"),
-              "--compile": ("compile", "torch.compile the model"),
               "--hflip": ("hflip", "random horizontal flips"),
               "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)")}
 
@@ -59,7 +62,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         g.add_argument(*flags, dest=dest, type=typ, default=argparse.SUPPRESS, help=help_)
     for flag, (dest, help_) in BOOL_FLAGS.items():
         g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
+    g.add_argument("--compile", dest="compile", nargs="?", const=True, type=_compile_value, default=argparse.SUPPRESS,
+                   metavar="auto", help="torch.compile the model; --compile auto: where it pays on this device and "
+                                        "budget (the recipes' choice; the log says which); --no-compile: never")
+    g.add_argument("--no-compile", dest="compile", action="store_false", default=argparse.SUPPRESS)
     g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
+
+
+def _compile_value(text: str) -> bool | str:
+    value = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {text!r}")
+    return value
 
 
 def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # noqa: F821

@@ -1,6 +1,7 @@
 """What every dataset loader returns: uint8 images and int64 labels in memory, a train and a validation split."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,21 @@ class DataSplits:
     @property
     def img_size(self) -> tuple[int, int]:
         return tuple(self.train.images.shape[2:])  # type: ignore[return-value]
+
+    def with_train_fraction(self, fraction: float, seed: int = 0) -> "DataSplits":
+        """The same splits with ``fraction`` of the training images, class-balanced: every class keeps
+        ``round(fraction x its count)`` images (at least one), drawn with a fixed ``seed`` so every model in a
+        comparison sees the same ones, and a smaller fraction's images are among a larger one's."""
+        if fraction >= 1:
+            return self
+        labels = self.train.labels
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+        keep = []
+        for c in labels.unique().tolist():
+            of_c = order[labels[order] == c]
+            keep.append(of_c[:max(1, round(fraction * len(of_c)))])
+        idx = torch.cat(keep).sort().values
+        return dataclasses.replace(self, train=ImageTensors(self.train.images[idx], labels[idx]))
 
     def mean_std(self) -> tuple[list[float], list[float]]:
         x = self.train.images[:20000].float().div_(255)

@@ -56,6 +56,8 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, "ViTConfig")  # types first: "4", 4.0 and [4, 4] are taken as meant; "four", 4.5 are not
+        if self.hybrid in ("", "none"):  # `--hybrid none`: a plain ViT even where a recipe has a stem
+            object.__setattr__(self, "hybrid", None)
         # Normalise tuples given as lists (YAML / JSON) so configs compare and hash equal.
         for name in ("img_size", "patch_size"):
             v = getattr(self, name)
@@ -63,8 +65,9 @@ class ViTConfig:
                 v = to_2tuple(v)
                 object.__setattr__(self, name, v[0] if v[0] == v[1] else v)
         for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
-            if getattr(self, name) < (0 if name == "num_classes" else 1):
-                raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}")
+            if getattr(self, name) < (0 if name == "num_classes" or (name == "depth" and self.hybrid) else 1):
+                raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}"
+                                 + (" (0 only with a hybrid stem: the CNN alone)" if name == "depth" else ""))
         self._check_bounds()
         if self.pool not in POOLS:
             raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
@@ -149,12 +152,19 @@ def resnetv2_layers(spec: str) -> tuple[int, ...]:
 
 def conv_channels(spec: str) -> list[int | str]:
     """``"conv:32,64"`` -> [32, 64]; ``"conv:64,M,128,M"`` -> [64, "M", 128, "M"] ("M": 2x2 max-pooling, as in
-    torchvision's VGG configurations)."""
+    torchvision's VGG configurations); ``"conv:64,R64,M,R128"`` -> [64, "R64", "M", "R128"] ("R": a residual
+    BasicBlock of torchvision's ResNet with that width)."""
     widths = [w.strip() for w in spec.partition(":")[2].split(",")]
-    if not all(w == "M" or (w.isdigit() and int(w) > 0) for w in widths) or all(w == "M" for w in widths):
+
+    def ok(w: str) -> bool:
+        w = w[1:] if w.startswith("R") else w
+        return w.isdigit() and int(w) > 0
+
+    if not all(w == "M" or ok(w) for w in widths) or all(w == "M" for w in widths):
         raise ValueError(f"hybrid {spec!r}: expected 'conv:' and positive widths, optionally with M for 2x2 "
-                         "max-pooling, such as 'conv:32,64' or 'conv:64,M,128,M'")
-    return [w if w == "M" else int(w) for w in widths]
+                         "max-pooling and R<width> for a residual block, such as 'conv:32,64', 'conv:64,M,128,M' "
+                         "or 'conv:64,R64,M,R128'")
+    return [w if w == "M" or w.startswith("R") else int(w) for w in widths]
 
 
 def hybrid_stride(spec: str) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 import torchvision
+from torchvision.models.resnet import BasicBlock
 
 from .config import conv_channels, hybrid_stages, hybrid_stride, resnetv2_layers
 from .resnetv2 import resnetv2
@@ -18,14 +19,23 @@ def cnn_stem(spec: str, in_chans: int) -> tuple[nn.Module, int, int]:
 
 def conv_stem(spec: str, in_chans: int) -> tuple[nn.Sequential, int, int]:
     """``"conv:32,64"`` -> 3x3 conv-BN-ReLU layers of 32 and 64 channels at stride 1 (full resolution);
-    an ``M`` in the list is a 2x2 max-pooling (``"conv:64,M,128,M"``: a quarter of the resolution)."""
+    an ``M`` in the list is a 2x2 max-pooling (``"conv:64,M,128,M"``: a quarter of the resolution), an ``R<width>``
+    a residual BasicBlock of torchvision's ResNet (``"conv:64,R64,M,R128,M,R256"``: a small CIFAR ResNet; with
+    ``depth=0`` and ``pool="gap"`` it is the whole model, the CNN baseline the paper compares with)."""
     layers: list[nn.Module] = []
     for width in conv_channels(spec):
         if width == "M":
             layers.append(nn.MaxPool2d(2))
-            continue
-        layers += [nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
-        in_chans = width
+        elif isinstance(width, str):  # "R128"
+            out = int(width[1:])
+            down = None if out == in_chans else nn.Sequential(nn.Conv2d(in_chans, out, 1, bias=False),
+                                                              nn.BatchNorm2d(out))
+            layers.append(BasicBlock(in_chans, out, downsample=down))
+            in_chans = out
+        else:
+            layers += [nn.Conv2d(in_chans, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                       nn.ReLU(inplace=True)]
+            in_chans = width
     return nn.Sequential(*layers), in_chans, hybrid_stride(spec)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -85,22 +86,36 @@ def set_attention(model: nn.Module, impl: str) -> int:
     return len(attns)
 
 
+_RECORDING = threading.Lock()
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Collects the attention probabilities of every layer, (B, h, T, T) each, of the forward passes run inside:
-    the layers compute on the exact path meanwhile (hooks on their ``attend`` softmax), then go back to their own."""
+    """Collects the attention probabilities of every layer, (B, h, T, T) each, of the forward passes this thread
+    runs inside: the layers compute on the exact path meanwhile (hooks on their ``attend`` softmax), then go back to
+    their own. Threads may record on one model at once (a server's workers): each gets its own maps, and the layers
+    go back to their own path when the last recording ends."""
     maps: list[torch.Tensor] = []
+    me = threading.get_ident()
     attns = [m for m in model.modules() if isinstance(m, Attention)]
-    before = [m.impl for m in attns]
-    hooks = [m.attend.register_forward_hook(lambda _m, _i, out: maps.append(out)) for m in attns]
-    try:
+    with _RECORDING:
         for m in attns:
-            m.impl = "exact"
+            if getattr(m, "_recorders", 0) == 0:
+                m._impl_before_recording = m.impl
+                m.impl = "exact"
+            m._recorders = getattr(m, "_recorders", 0) + 1
+    hooks = [m.attend.register_forward_hook(lambda _m, _i, out: maps.append(out) if threading.get_ident() == me
+                                            else None) for m in attns]
+    try:
         yield maps
     finally:
-        for m, impl, h in zip(attns, before, hooks):
-            m.impl = impl
+        for h in hooks:
             h.remove()
+        with _RECORDING:
+            for m in attns:
+                m._recorders -= 1
+                if m._recorders == 0:
+                    m.impl = m._impl_before_recording
 
 
 class Mlp(nn.Module):

@@ -13,12 +13,12 @@ from email.policy import HTTP
 from importlib import resources
 from typing import Any, Callable
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from PIL import Image
 
+from .batcher import Batcher, Busy
 from .predictor import Limits, Predictor, UploadError
 
 
@@ -52,8 +52,7 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
         return Response(pngs[i][1], media_type="image/png")
 
     limits = predictor.limits
-    workers = anyio.CapacityLimiter(limits.workers)  # inference runs here, off the event loop: the page still answers
-    queue = {"waiting": 0}
+    batcher = Batcher(predictor.predict_batch, predictor.workers, limits.max_batch, limits.max_queue)
 
     @app.post("/api/predict")
     async def predict(request: Request) -> Response:
@@ -73,17 +72,14 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
             return error(f"the upload took longer than {limits.body_timeout_s:g} s; try again or a smaller file", 408)
         except ClientDisconnect:  # the client left: nobody to answer, nothing to log
             return Response(status_code=400)
-        if queue["waiting"] >= limits.max_queue:
-            return JSONResponse({"error": "the server is busy; retry in a moment"}, status_code=503,
-                                headers={"Retry-After": "1"})
-        queue["waiting"] += 1
         try:
             data = _file_part(bytes(body), request.headers.get("content-type", ""))
-            return JSONResponse(await anyio.to_thread.run_sync(predictor, data, limiter=workers))
+            return JSONResponse(await batcher.submit(data))
+        except Busy:
+            return JSONResponse({"error": "the server is busy; retry in a moment"}, status_code=503,
+                                headers={"Retry-After": "1"})
         except UploadError as e:
             return error(str(e), e.status)
-        finally:
-            queue["waiting"] -= 1
 
     return app
 

@@ -14,7 +14,9 @@ from PIL import Image
 from ..data.images import BadImageError, open_image
 from ..data.preprocess import images_to_tensor
 from ..inspect.analysis import rollout_from_attentions
+from ..model.config import to_2tuple
 from ..runtime.inference import optimize_for_inference
+from ..runtime.threads import choose_threads, usable_cores
 
 ALLOWED_FORMATS = {"PNG", "JPEG", "WEBP", "BMP", "GIF"}
 
@@ -32,8 +34,9 @@ class Limits:
     max_bytes: int = 10 * 1024 * 1024
     max_pixels: int = 40_000_000  # a 40-megapixel photo decodes; a decompression bomb does not
     body_timeout_s: float = 30.0  # the whole upload must arrive within this
-    workers: int = 1  # predictions at once (each uses the machine's threads)
-    max_queue: int = 32  # predictions waiting or running; beyond it "busy, retry" (503)
+    workers: int | None = None  # batches predicted at once; None: the usable cores / the threads each batch uses
+    max_batch: int = 16  # uploads waiting together are predicted in one forward pass of up to this many
+    max_queue: int = 64  # predictions waiting or running; beyond it "busy, retry" (503)
     max_connections: int = 64  # open connections; beyond it uvicorn answers 503
 
 
@@ -76,24 +79,51 @@ def overlay_png(image: Image.Image, heat: np.ndarray, size: int = 256) -> bytes:
 
 
 class Predictor:
-    """Holds an inference-ready model and its preprocessing."""
+    """Holds an inference-ready model and its preprocessing. ``threads`` (None: measured on a one-image forward,
+    runtime/threads.py) and ``limits.workers`` (None: the cores left over, one batch per ``threads``) size the work
+    for latency."""
 
-    def __init__(self, model: torch.nn.Module, preprocessing: dict[str, Any], limits: Limits | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, preprocessing: dict[str, Any], limits: Limits | None = None,
+                 threads: int | None = None) -> None:
         self.model = model.eval()
         self.fast = optimize_for_inference(model)
         self.pre = preprocessing
         self.limits = limits or Limits()
         n = model.config.num_classes
         self.names = preprocessing.get("class_names") or [str(i) for i in range(n)]
+        c = model.config
+        probe = torch.zeros(1, c.in_chans, *to_2tuple(c.img_size))
+        self.threads, self.threads_note = choose_threads(lambda: self.fast.forward_attention(probe), threads,
+                                                         "prediction", next(model.parameters()).device)
+        self.workers = self.limits.workers or max(1, usable_cores() // self.threads)
 
     def __call__(self, data: bytes, topk: int = 5) -> dict[str, Any]:
-        image = decode_upload(data, self.limits)
-        x = images_to_tensor([image], self.pre, self.model.config)
+        """One upload's top-k and overlay; an UploadError for a file that is not an acceptable image."""
+        result = self.predict_batch([data], topk)[0]
+        if isinstance(result, UploadError):
+            raise result
+        return result
+
+    def predict_batch(self, uploads: list[bytes], topk: int = 5) -> list[dict[str, Any] | UploadError]:
+        """Each upload's answer, in order: one forward pass over all that decode, an UploadError for the rest."""
+        out: list[dict[str, Any] | UploadError] = []
+        images: list[tuple[int, Image.Image]] = []
+        for i, data in enumerate(uploads):
+            try:
+                images.append((i, decode_upload(data, self.limits)))
+                out.append({})
+            except UploadError as e:
+                out.append(e)
+        if not images:
+            return out
+        x = images_to_tensor([im for _, im in images], self.pre, self.model.config)
         logits, attns = self.fast.forward_attention(x)
-        probs = torch.softmax(logits[0], -1)
-        top = probs.topk(min(topk, len(probs)))
+        probs = torch.softmax(logits, -1)
+        top = probs.topk(min(topk, probs.shape[-1]))
         grid = self.model.patch_embed.grid_for(tuple(x.shape[-2:]))
-        heat = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid)[0].numpy()
-        return {"top": [{"class": self.names[int(i)], "prob": round(float(p), 5)}
-                        for p, i in zip(top.values, top.indices)],
-                "overlay": "data:image/png;base64," + base64.b64encode(overlay_png(image, heat)).decode()}
+        heat = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid).numpy()
+        for j, (i, image) in enumerate(images):
+            out[i] = {"top": [{"class": self.names[int(k)], "prob": round(float(p), 5)}
+                              for p, k in zip(top.values[j], top.indices[j])],
+                      "overlay": "data:image/png;base64," + base64.b64encode(overlay_png(image, heat[j])).decode()}
+        return out

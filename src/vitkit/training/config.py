@@ -29,6 +29,7 @@ class TrainConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     init: str | None = None  # fine-tune from weights: a registered NAME.TAG or any file/folder vitkit.load reads
     freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)
+    train_fraction: float = 1.0  # train on this class-balanced share of the training split (learning curves)
     folder_max_side: int = 128  # --dataset folder: images are held in memory at up to this many pixels a side
     # optimisation
     epochs: int = 30
@@ -53,8 +54,9 @@ class TrainConfig:
     model_ema_decay: float = 0.999
     # machinery
     precision: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where the device has it natively, else fp32)
-    compile: bool = False
+    compile: bool | str = False  # true | false | auto (compile where it pays: runtime/compile.py says where)
     device: str = "auto"
+    threads: int | None = None  # CPU intra-op threads; None = measured at the start of the run (runtime/threads.py)
     seed: int = 0
     time_limit: float | None = None  # minutes of wall time for the whole run, evaluation included
     eval_batch_size: int = EVAL_BATCH_SIZE
@@ -72,13 +74,15 @@ class TrainConfig:
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be true, false or auto, got {self.compile!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
-        for k in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "eval_every"):
-            if getattr(self, k) < 1:
+        for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every"):
+            if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
         for k, lo, hi, lo_open, hi_open in (
                 ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
-                ("body_lr_scale", 0, None, False, False),
+                ("body_lr_scale", 0, None, False, False), ("train_fraction", 0, 1, True, False),
                 ("momentum", 0, 1, False, True), ("weight_decay", 0, None, False, False),
                 ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, True, False),
                 ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),

@@ -6,6 +6,7 @@ The parts are built by ``build.py``, the ``--time-limit`` plan is ``budget.py``'
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,11 @@ from ..data.datasets import DataSplits
 from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
+from ..runtime.compile import configure_for_training
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, rank_and_world
 from ..runtime.precision import autocast_for, precision_note, resolve_precision
+from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
 from .checkpoint import load_train_state, recover_run, save_checkpoint
@@ -62,7 +65,7 @@ class Trainer:
         self.device = resolve_device(cfg.device, self.rank % max(torch.cuda.device_count(), 1))
         self.precision = resolve_precision(cfg.precision, self.device)  # "auto" -> bf16 or fp32 for this device
         torch.manual_seed(cfg.seed + self.rank)
-        self.data = data or build_data(cfg)
+        self.data = (data or build_data(cfg)).with_train_fraction(cfg.train_fraction)
         self.model = build_model(cfg, self.data).to(self.device)
         self.preprocessing = preprocessing_for(cfg, self.model, self.data)
         mc = self.model.config
@@ -76,6 +79,7 @@ class Trainer:
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.threads_note = self._choose_threads()  # before compiling: Inductor's kernels keep the count they saw
         self.train_model = model_for_training(self.model, cfg, self.device, self.precision, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.steps_per_epoch = max(1, len(self.sampler) // cfg.batch_size // cfg.grad_accum)
@@ -151,6 +155,32 @@ class Trainer:
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
+
+    def _choose_threads(self) -> str:
+        """The intra-op thread count, from timing a forward+backward on a real batch (runtime/threads.py); the
+        probe leaves no trace: random state restored, gradients cleared."""
+        cfg = self.cfg
+        if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
+            n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+            torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running
+            return f"threads: {n} per process ({self.world} processes)"
+        n = min(cfg.batch_size, len(self.data.train))
+        x, y = next(batches(self.data.train, list(range(n)), n, False, self.device))
+        x, target = self.augment(x, y, train=False)
+        configure_for_training(self.model, self.device, self.precision)
+        self.model.train()
+
+        def step() -> None:
+            with autocast_for(self.device, self.precision):
+                loss = self.criterion(self.model(x), target)
+            loss.backward()
+
+        rng = torch.get_rng_state()
+        try:
+            return choose_threads(step, cfg.threads, "training step", self.device)[1]
+        finally:
+            torch.set_rng_state(rng)
+            self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
@@ -229,11 +259,13 @@ class Trainer:
 
     def _announce(self) -> None:
         cfg = self.cfg
-        self.log(self.data.describe())
+        self.log(self.data.describe() + (f" (--train-fraction {cfg.train_fraction:g}: a class-balanced share, the same "
+                                         "images for every model and seed)" if cfg.train_fraction < 1 else ""))
         what = f"--init {cfg.init}" if cfg.init else cfg.model
         self.log(f"model {what}: {self.model.num_params:,} parameters on {self.device} in {self.precision}"
                  f"{' (auto)' if cfg.precision == 'auto' else ''}; {self.steps_per_epoch} steps/epoch, "
                  f"global batch {cfg.batch_size * self.world * cfg.grad_accum}")
+        self.log(self.threads_note)
         note = precision_note(self.precision, self.device)
         if note:
             self.log(note)

@@ -1,0 +1,236 @@
+"""The paper's claims as sweeps of ordinary training runs: which runs, what is held equal, and what would count as
+agreeing with the paper. Every run is a ``vitkit train`` command (the CSV keeps it), so any point can be re-run
+alone."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .sweep import Run
+
+QUICK_SHARE = 0.02  # --quick: this share of each run's training images, narrow models, one epoch
+
+
+@dataclass
+class Setup:
+    """What the command line gave: data, budgets, quick or full."""
+
+    data: list[str]  # `vitkit train` data flags of the claim's main dataset
+    dataset: str  # cifar10 | fashion-mnist (which models fit it)
+    budget_min: float
+    quick: bool
+    target: list[str] | None = None  # transfer: the fine-tuning dataset's flags
+    out: Path = Path(".")
+
+    @property
+    def budget(self) -> float | None:
+        return None if self.quick else self.budget_min
+
+    def train_flags(self) -> list[str]:
+        # the wall-clock budget decides how long every run trains (the epochs are a ceiling it never reaches); the
+        # test split is evaluated once, at the end: the number reported is never a best-of-many on the test set
+        return ["--epochs", "1", "--eval-every", "1"] if self.quick else ["--epochs", "1000", "--eval-every", "1000"]
+
+    def fraction(self, f: float) -> list[str]:
+        f = f * QUICK_SHARE if self.quick else f
+        return ["--train-fraction", f"{f:g}"] if f < 1 else []
+
+
+# ------------------------------------------------------------------------------------------ models
+def models(dataset: str, quick: bool = False) -> dict[str, list[str]]:
+    """The three models of the data-size claim for ``dataset``: a plain ViT, the hybrid of the dataset's recipe,
+    and a small ResNet of torchvision's BasicBlocks (a hybrid with no Transformer layers: CNN, pooled, linear)."""
+    if dataset == "fashion-mnist":
+        size, vit_patch, hybrid, hybrid_patch, hybrid_depth = 28, 4, "conv:32,32", 7, 6
+        resnet, resnet_dim = "conv:32,R32,M,R64,M,R128", 128
+    else:
+        size, vit_patch, hybrid, hybrid_patch, hybrid_depth = 32, 4, "conv:64,64,M,128,128,M", 1, 4
+        resnet, resnet_dim = "conv:64,R64,M,R128,M,R256", 256
+    dim, heads, depth = (32, 2, 1) if quick else (128, 4, 6)
+    if quick:  # eight times narrower stems
+        hybrid, resnet = (_narrow(s) for s in (hybrid, resnet))
+        resnet_dim, hybrid_depth = 32, 1
+    base = ["--model", "vit_micro_patch4_32", "--img-size", str(size)]
+    return {
+        "resnet": base + ["--patch-size", "1", "--embed-dim", str(resnet_dim), "--depth", "0", "--num-heads", "4",
+                          "--pool", "gap", "--pos-embed", "none", "--hybrid", resnet],
+        "hybrid": base + ["--patch-size", str(hybrid_patch), "--embed-dim", str(dim), "--depth", str(hybrid_depth),
+                          "--num-heads", str(heads), "--pool", "cls", "--pos-embed", "learn", "--hybrid", hybrid],
+        "vit": base + ["--patch-size", str(vit_patch), "--embed-dim", str(dim), "--depth", str(depth),
+                       "--num-heads", str(heads), "--pool", "cls", "--pos-embed", "learn", "--hybrid", "none"],
+    }
+
+
+def _narrow(spec: str) -> str:
+    """``"conv:64,R64,M"`` -> ``"conv:8,R8,M"``: every width divided by 8 (at least 4)."""
+    def eighth(w: str) -> str:
+        return w if w == "M" else ("R" if w.startswith("R") else "") + str(max(4, int(w.lstrip("R")) // 8))
+
+    name, _, widths = spec.partition(":")
+    return name + ":" + ",".join(eighth(w) for w in widths.split(","))
+
+
+def _replace(flags: list[str], flag: str, value: str) -> list[str]:
+    out = list(flags)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the four claims
+FRACTIONS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def data_size_runs(s: Setup) -> list[Run]:
+    return [Run(f"{name}-{round(f * 100)}pct", s.data + flags + s.fraction(f) + s.train_flags(),
+                {"model": name, "train_fraction": f}, s.budget)
+            for name, flags in models(s.dataset, s.quick).items() for f in FRACTIONS]
+
+
+POS_EMBEDS = ("none", "learn", "sincos2d")
+
+
+def posemb_runs(s: Setup) -> list[Run]:
+    vit = models(s.dataset, s.quick)["vit"]
+    return [Run(f"{pe}-seed{seed}", s.data + _replace(vit, "--pos-embed", pe) + ["--seed", str(seed)]
+                + s.fraction(1.0) + s.train_flags(), {"pos_embed": pe, "seed": seed}, s.budget)
+            for pe in POS_EMBEDS for seed in (0, 1, 2)]
+
+
+PATCHES = (2, 4, 8)
+
+
+def patch_size_runs(s: Setup) -> list[Run]:
+    vit = models(s.dataset, s.quick)["vit"]
+    return [Run(f"patch{p}", s.data + _replace(vit, "--patch-size", str(p)) + s.fraction(1.0) + s.train_flags(),
+                {"patch_size": p, "tokens": (32 // p) ** 2 if s.dataset == "cifar10" else (28 // p) ** 2}, s.budget)
+            for p in PATCHES if (32 if s.dataset == "cifar10" else 28) % p == 0]
+
+
+PRETRAIN_BUDGET_X = 5  # the CIFAR-10 pre-training gets this many target-run budgets
+
+
+def transfer_runs(s: Setup) -> list[Run]:
+    if not s.target:
+        raise ValueError("transfer needs the fine-tuning dataset: --target-dir (an ImageFolder folder or zip with "
+                         "train/ and val/, such as ants-bees.zip)")
+    vit = models(s.dataset, s.quick)["vit"]
+    size = vit[vit.index("--img-size") + 1]
+    init = str(s.out / "runs" / "pretrain" / "last")
+    target = s.target + s.train_flags()
+    pre_budget = s.budget * PRETRAIN_BUDGET_X if s.budget else None
+    return [
+        Run("pretrain", s.data + vit + s.fraction(1.0) + s.train_flags(),
+            {"stage": "pre-train on CIFAR-10", "weights": "random", "trained": "all", "resolution": int(size)},
+            pre_budget),
+        Run("scratch", target + vit, {"stage": "target", "weights": "random", "trained": "all",
+                                      "resolution": int(size)}, s.budget),
+        Run("finetune", target + ["--init", init, "--img-size", size],
+            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": int(size)}, s.budget),
+        Run("finetune-2x-res", target + ["--init", init, "--img-size", str(2 * int(size))],
+            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": 2 * int(size)}, s.budget),
+        Run("linear-probe", target + ["--init", init, "--img-size", size, "--freeze-body"],
+            {"stage": "target", "weights": "pre-trained", "trained": "head", "resolution": int(size)}, s.budget),
+    ]
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+def _f(r: dict[str, Any], k: str) -> float:
+    return float(r[k])
+
+
+def data_size_verdict(rows: list[dict[str, Any]]) -> str:
+    acc = {(r["model"], float(r["train_fraction"])): _f(r, "test_top1") for r in rows}
+    lo, hi = min(FRACTIONS), max(FRACTIONS)
+    if not all((m, f) in acc for m in ("vit", "resnet") for f in (lo, hi)):
+        return "incomplete: the smallest and largest fractions of both the ViT and the ResNet are needed"
+    gap_lo, gap_hi = acc[("resnet", lo)] - acc[("vit", lo)], acc[("resnet", hi)] - acc[("vit", hi)]
+    trend = "narrows" if gap_hi < gap_lo else "does not narrow"
+    agrees = gap_lo > 0 and gap_hi < gap_lo
+    return (f"ResNet minus ViT: {gap_lo:+.2f} points at {lo:.0%} of the training images, {gap_hi:+.2f} at "
+            f"{hi:.0%}: the CNN's lead {trend} as data grows. "
+            + ("This agrees with the paper's trend (Fig. 3/4): the ViT lacks the CNN's inductive bias and needs "
+               "data to make up for it. " if agrees else "This does not show the paper's trend at this scale. ")
+            + "The paper's crossover needs 100x more data (ImageNet-21k to JFT-300M) than any point here: what a "
+              "laptop can show is the direction of the gap, not the crossover.")
+
+
+def posemb_verdict(rows: list[dict[str, Any]]) -> str:
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["pos_embed"], []).append(_f(r, "test_top1"))
+    if "none" not in by or len(by) < 2:
+        return "incomplete: runs without and with a position embedding are needed"
+    mean = {k: sum(v) / len(v) for k, v in by.items()}
+    with_pe = [k for k in mean if k != "none"]
+    gain = min(mean[k] for k in with_pe) - mean["none"]
+    spread_kinds = max(mean[k] for k in with_pe) - min(mean[k] for k in with_pe)
+    seed_spread = max(max(v) - min(v) for v in by.values())
+    agrees = gain > seed_spread / 2 and spread_kinds <= max(seed_spread, 1.0)
+    return (f"Means: " + ", ".join(f"{k} {mean[k]:.2f}%" for k in by) + f". Any position embedding beats none by "
+            f"at least {gain:+.2f} points; the kinds differ by {spread_kinds:.2f} points, with seeds spreading up to "
+            f"{seed_spread:.2f}. " + ("This agrees with the paper (Table 8: none 61.4%, 1-D 64.2%, 2-D 64.0%): an "
+                                    "embedding matters, its kind hardly does." if agrees else
+                                    "This does not clearly show the paper's pattern (Table 8) at this scale."))
+
+
+def patch_size_verdict(rows: list[dict[str, Any]]) -> str:
+    rs = sorted(rows, key=lambda r: int(r["patch_size"]))
+    if len(rs) < 2:
+        return "incomplete"
+    parts = [f"patch {r['patch_size']}: {_f(r, 'gflop_per_train_image'):.3f} GFLOP per training image, "
+             f"{int(float(r['train_images_seen'])):,} images seen, {_f(r, 'test_top1'):.2f}%" for r in rs]
+    best = max(rs, key=lambda r: _f(r, "test_top1"))
+    cost = _f(rs[0], "gflop_per_train_image") / _f(rs[-1], "gflop_per_train_image")
+    return ("; ".join(parts) + f". Halving the patch side quadruples the tokens: patch {rs[0]['patch_size']} costs "
+            f"{cost:.0f}x patch {rs[-1]['patch_size']} per image. At equal wall-clock time patch "
+            f"{best['patch_size']} scored best. The paper's Table 1 / Fig. 5 point: a smaller patch buys accuracy "
+            "with compute; whether it is worth it depends on the budget, which is what this sweep holds fixed.")
+
+
+def transfer_verdict(rows: list[dict[str, Any]]) -> str:
+    acc = {r["run"]: _f(r, "test_top1") for r in rows}
+    if not {"scratch", "finetune"} <= set(acc):
+        return "incomplete: the scratch and fine-tune runs are needed"
+    agrees = acc["finetune"] > acc["scratch"]
+    extra = "".join(f", {k} {acc[k]:.2f}%" for k in ("finetune-2x-res", "linear-probe") if k in acc)
+    return (f"On the target data: from scratch {acc['scratch']:.2f}%, fine-tuned {acc['finetune']:.2f}%{extra}"
+            + (f" (pre-trained model on CIFAR-10's test set: {acc['pretrain']:.2f}%)" if "pretrain" in acc else "")
+            + ". " + ("This agrees with the paper (§4.1, Table 2): pre-trained features transfer, and beat training "
+                      "the same model on the small target set alone." if agrees else
+                      "Fine-tuning did not beat training from scratch here, unlike the paper (§4.1).")
+            + " Our pre-training set is 50,000 32x32 images, not 14-300 million: the size of the effect is not the "
+              "paper's.")
+
+
+@dataclass
+class Claim:
+    name: str
+    title: str
+    paper: str
+    held_equal: str
+    budget_min: float  # per run, chosen so the full claim takes about an hour on 2 CPU cores
+    runs: Callable[[Setup], list[Run]]
+    verdict: Callable[[list[dict[str, Any]]], str]
+
+
+CLAIMS: dict[str, Claim] = {c.name: c for c in (
+    Claim("data-size", "ViT vs ResNet as the training set grows",
+          "§4.2, Fig. 3 and 4: with little data a ViT loses to a ResNet of similar cost; it catches up and overtakes "
+          "as the pre-training data grows.",
+          "wall-clock budget per run, recipe (optimizer, schedule, augmentation), test set, the class-balanced "
+          "subset of each fraction (seed 0, the same images for every model)", 3.5, data_size_runs,
+          data_size_verdict),
+    Claim("posemb", "Position embeddings: none, learned 1-D, 2-D sin-cos",
+          "Appendix D.4, Table 8: no position embedding 61.4%; 1-D 64.2%, 2-D 64.0%, relative 64.0%.",
+          "model (the plain ViT), wall-clock budget, recipe, data; three seeds each", 6.0, posemb_runs,
+          posemb_verdict),
+    Claim("transfer", "Pre-train, then fine-tune on a small dataset",
+          "§4.1 / Table 2: pre-trained ViTs fine-tuned on small datasets do well; §3.2: fine-tuning at a higher "
+          "resolution than pre-training (position embeddings interpolated) helps.",
+          "model, wall-clock budget per target run, target data; the pre-training gets 5 budgets", 5.0,
+          transfer_runs, transfer_verdict),
+    Claim("patch-size", "Patch size: accuracy against training compute",
+          "Table 1 / Fig. 5: a smaller patch means more tokens and more compute per image (the /14 and /16 models).",
+          "model width/depth, wall-clock budget, recipe, data", 18.0, patch_size_runs, patch_size_verdict),
+)}

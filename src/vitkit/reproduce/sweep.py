@@ -1,0 +1,147 @@
+"""Running a claim's runs: each one an ordinary ``vitkit train`` (same engine, same recipes), one after another in
+this process, its row appended to ``results.csv`` as soon as it ends. A sweep that is stopped continues where it
+stopped: finished runs (rows in the CSV) are not repeated, the run that was cut off resumes from its ``last/``."""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)", re.M)
+
+
+@dataclass
+class Run:
+    """One point of a claim: ``vitkit train ARGS --time-limit BUDGET --output OUT/runs/ID``."""
+
+    id: str
+    args: list[str]
+    fields: dict[str, Any]  # the columns that place the point: model, train_fraction, seed, pos_embed, ...
+    budget_min: float | None  # None: the run's own --epochs decide (--quick)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def command(self, out: Path) -> list[str]:
+        budget = ["--time-limit", f"{self.budget_min:g}"] if self.budget_min else []
+        return ["train", *self.args, *budget, "--output", str(out / "runs" / self.id), "--resume", "auto"]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The whole CSV, written to a temporary file and renamed over the old one: a kill never leaves half a file."""
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def train_flops_per_image(run_dir: Path) -> float:
+    """Forward+backward FLOPs of one training image for the model the run trained (PyTorch's FLOP counter on a
+    forward of one image, x3 for the backward), CNN stem included."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..model.config import ViTConfig, to_2tuple
+    from ..model.vit import VisionTransformer
+
+    meta = json.loads((run_dir / "last" / "config.json").read_text())
+    cfg = ViTConfig.from_dict(meta["model"])
+    model = VisionTransformer(cfg).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.zeros(1, cfg.in_chans, *to_2tuple(cfg.img_size)))
+    return 3.0 * counter.get_total_flops()
+
+
+def execute(run: Run, out: Path) -> dict[str, Any]:
+    """Train one run (resuming its folder if it was cut off) and return its row."""
+    from ..cli.main import main
+
+    run_dir = out / "runs" / run.id
+    if run_dir.exists() and not (run_dir / "last").exists():
+        shutil.rmtree(run_dir)  # cut off before its first checkpoint: nothing to resume, start it again
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = run.command(out)
+    log = io.StringIO()
+    t = time.time()
+    with (run_dir / "train.log").open("a") as f, contextlib.redirect_stdout(_Tee(f, log)), \
+            contextlib.redirect_stderr(f):
+        code = main(argv)
+    found = FINAL.search(log.getvalue())
+    if code != 0 or not found:
+        raise RuntimeError(f"run {run.id} failed (exit {code}); its log: {run_dir / 'train.log'}; command: "
+                           f"vitkit {' '.join(argv)}")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = _yaml(run_dir / "config.yaml")
+    images = metrics[-1]["step"] * cfg["batch_size"] * cfg["grad_accum"] if metrics else 0
+    flops = train_flops_per_image(run_dir)
+    return {"run": run.id, **run.fields, "test_top1": float(found[1]), "epochs": int(found[2]),
+            "train_images_seen": images, "gflop_per_train_image": round(flops / 1e9, 4),
+            "train_pflop": round(flops * images / 1e15, 4), "elapsed_s": float(found[3]),
+            "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
+            "precision": metrics[-1].get("precision", "") if metrics else "",
+            "command": "vitkit " + " ".join(argv[:-4] if argv[-2:] == ["--resume", "auto"] else argv)}
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, s: str) -> int:
+        for st in self.streams:
+            st.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        for st in self.streams:
+            st.flush()
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = True,
+          say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every run of ``runs`` not yet in ``out/results.csv``, in order; the CSV's rows (``common`` columns added)."""
+    from tqdm import tqdm
+
+    path = out / "results.csv"
+    rows = read_rows(path)
+    done = {r["run"] for r in rows}
+    todo = [r for r in runs if r.id not in done]
+    if done:
+        say(f"{len(done)} of {len(runs)} runs already in {path}: continuing with the other {len(todo)}")
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="runs", unit="run", disable=not progress,
+               dynamic_ncols=True)
+    for run in todo:
+        bar.set_postfix_str(run.id)
+        row = {**execute(run, out), **common}
+        rows.append(row)
+        write_rows(path, rows)
+        bar.update(1)
+        bar.write(f"{run.id}: test top-1 {row['test_top1']:.2f}% ({row['epochs']} epochs, {row['elapsed_s']:.0f} s)")
+    bar.close()
+    order = {r.id: i for i, r in enumerate(runs)}
+    return sorted(rows, key=lambda r: order.get(r["run"], len(order)))

@@ -1,0 +1,57 @@
+"""What kind of CPU this is, in the words the results tables use: vendor and the widest vector/matrix units
+(AVX2, AVX-512, AVX512-BF16, AMX). Speeds differ several-fold between kinds, so every measurement names it."""
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+import torch
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """(model name, flags) from /proc/cpuinfo; ("", set()) where there is none (macOS, Windows)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return "", set()
+    name, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not name:
+            name = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+        if name and flags:
+            break
+    return name, flags
+
+
+@functools.cache
+def cpu_kind() -> str:
+    """e.g. ``"AMD EPYC, AVX2 (fp32)"``, ``"Intel Xeon, AVX-512 (fp32)"``, ``"Intel Xeon, AMX + AVX512-BF16"``.
+
+    "(fp32)" marks a CPU without native bf16: there fp32 is the fast path (``precision: auto`` picks it)."""
+    name, flags = _cpuinfo()
+    vendor = " ".join(name.replace("(R)", "").replace("(TM)", "").split()[:2]) or platform.processor() \
+        or platform.machine()
+    if flags:
+        units = [u for f, u in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")) if f in flags]
+        if not units:
+            units = ["AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"]
+    else:  # no /proc/cpuinfo: PyTorch's own dispatch level says as much
+        units = [torch.backends.cpu.get_cpu_capability()]
+    from .precision import cpu_has_native_bf16
+
+    return f"{vendor}, {' + '.join(units)}" + ("" if cpu_has_native_bf16() else " (fp32)")
+
+
+def cpu_kind_short() -> str:
+    """A column-friendly form: ``amd-avx2``, ``intel-avx512``, ``intel-amx``, ``amd-avx512bf16``."""
+    name, flags = _cpuinfo()
+    vendor = "amd" if "AMD" in name else "intel" if "Intel" in name else platform.machine().lower()
+    unit = ("amx" if "amx_bf16" in flags else "avx512bf16" if "avx512_bf16" in flags else
+            "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else
+            torch.backends.cpu.get_cpu_capability().lower())
+    return f"{vendor}-{unit}"

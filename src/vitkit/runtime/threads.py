@@ -1,0 +1,94 @@
+"""How many CPU threads a run uses: measured, not defaulted.
+
+PyTorch starts with one intra-op thread per core. For a model whose step takes a few milliseconds a second thread
+buys almost nothing (the work per matmul is too small to split), and on a machine that is doing something else it
+costs a great deal: OpenMP threads wait for each other at every operator, so a thread sharing its core with another
+process holds all of them back (the default `vitkit train` on 2 AMD EPYC cores, one kept busy by another process:
+86 s with 2 threads, 22 s with 1; 18.5 s on the quiet machine). So the candidates are timed round-robin on the run's
+own step, and the fewest threads within 10% of the fastest win. ``--threads N`` (or ``OMP_NUM_THREADS``) decides
+instead.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+TIE = 1.10  # more threads must be this much faster to be chosen: a near tie goes to the one that shares better
+BIG_STEP_S = 1.0  # a step this long splits well across cores: all of them, without timing the alternatives
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def candidates(cores: int) -> list[int]:
+    """1, half the cores and all of them (without repeats)."""
+    return sorted({1, max(1, cores // 2), cores})
+
+
+def time_threads(step: Callable[[], object], counts: list[int], budget_s: float = 2.0,
+                 rounds: int = 5) -> dict[int, float]:
+    """Median seconds of ``step`` under each thread count, timed round-robin (so drift falls on all alike). Stops
+    after ``rounds`` rounds or ``budget_s`` seconds, whichever comes first (at least one timed round)."""
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for n in counts:  # warm-up: oneDNN's first call at a new thread count builds its primitives
+        torch.set_num_threads(n)
+        step()
+    start = time.perf_counter()
+    for r in range(rounds):
+        for n in counts:
+            torch.set_num_threads(n)
+            t = time.perf_counter()
+            step()
+            times[n].append(time.perf_counter() - t)
+        if r >= 1 and time.perf_counter() - start > budget_s:
+            break
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def pick(medians: dict[int, float]) -> int:
+    """The fewest threads within ``TIE`` of the fastest."""
+    best = min(medians.values())
+    return min(n for n, t in medians.items() if t <= best * TIE)
+
+
+def choose_threads(step: Callable[[], object], requested: int | None = None, what: str = "step",
+                   device: torch.device | None = None) -> tuple[int, str]:
+    """Set and return the intra-op thread count for a workload whose unit of work is ``step``, and a sentence
+    saying how it was chosen (for the run log). ``requested`` (``--threads``) is taken as given."""
+    cores = usable_cores()
+    if device is not None and device.type != "cpu":
+        return torch.get_num_threads(), f"threads: {torch.get_num_threads()} (the model runs on {device})"
+    if requested is not None:
+        torch.set_num_threads(requested)
+        return requested, f"threads: {requested} of {cores} cores (--threads)"
+    if os.environ.get("OMP_NUM_THREADS"):
+        n = torch.get_num_threads()
+        return n, f"threads: {n} of {cores} cores (OMP_NUM_THREADS)"
+    counts = candidates(cores)
+    if len(counts) == 1:
+        torch.set_num_threads(1)
+        return 1, "threads: 1 (one core)"
+    torch.set_num_threads(cores)
+    t = time.perf_counter()
+    step()
+    if time.perf_counter() - t > BIG_STEP_S:
+        return cores, f"threads: all {cores} cores (a {what} takes over {BIG_STEP_S:g} s: it splits well)"
+    medians = time_threads(step, counts)
+    n = pick(medians)
+    torch.set_num_threads(n)
+    timed = ", ".join(f"{k} thread{'s' if k > 1 else ''} {v * 1e3:.1f} ms" for k, v in medians.items())
+    return n, f"threads: {n} of {cores} cores (measured per {what}: {timed}; --threads N to set)"
+
+
+def threads_for_ranks(local_world: int) -> int:
+    """Each of ``local_world`` processes on this machine gets its share of the cores (at least one)."""
+    return max(1, usable_cores() // max(local_world, 1))

@@ -1,0 +1,142 @@
+"""The speed decisions made for the user: threads, compile: auto, request batching. Behaviour only, never timings
+of the real machine (those are benchmarks): the workloads here are built so the right answer is known."""
+from __future__ import annotations
+
+import asyncio
+import platform
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.runtime import threads as th
+from vitkit.runtime.compile import has_cxx_compiler, should_compile
+from vitkit.runtime.cpu import cpu_kind, cpu_kind_short
+from vitkit.serving.batcher import Batcher, Busy
+from vitkit.training.config import TrainConfig, recipe
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(th, "usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_fewest_threads_within_ten_percent_of_the_fastest_win():
+    assert th.pick({1: 0.0100, 2: 0.0095}) == 1  # a near tie shares the machine better with one
+    assert th.pick({1: 0.0200, 2: 0.0100}) == 2
+    assert th.pick({1: 0.0200, 2: 0.0300}) == 1  # a busy core makes two threads slower than one
+    assert th.candidates(1) == [1] and th.candidates(2) == [1, 2] and th.candidates(8) == [1, 4, 8]
+
+
+def _sleep_step(per_thread: bool):  # a step whose time is known: halves with two threads, or does not change
+    return lambda: time.sleep(0.02 / (torch.get_num_threads() if per_thread else 1))
+
+
+def test_threads_are_measured_on_the_step_and_set():
+    n, note = th.choose_threads(_sleep_step(per_thread=True))
+    assert n == 2 and torch.get_num_threads() == 2 and "measured" in note and "2 threads" in note
+    n, note = th.choose_threads(_sleep_step(per_thread=False))
+    assert n == 1 and torch.get_num_threads() == 1
+
+
+def test_threads_asked_for_are_taken_as_given(monkeypatch):
+    n, note = th.choose_threads(pytest.fail, requested=1)  # no probe is run
+    assert n == 1 and torch.get_num_threads() == 1 and "--threads" in note
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    n, note = th.choose_threads(pytest.fail)
+    assert "OMP_NUM_THREADS" in note
+
+
+def test_a_long_step_uses_every_core_without_timing_the_others(monkeypatch):
+    monkeypatch.setattr(th, "BIG_STEP_S", 0.01)
+    calls = []
+    n, note = th.choose_threads(lambda: (calls.append(torch.get_num_threads()), time.sleep(0.02)))
+    assert n == 2 and calls == [2] and "all 2 cores" in note
+
+
+def test_compile_auto_compiles_where_it_pays():
+    assert should_compile("auto", CPU, "fp32", None)[0] is False
+    on, why = should_compile("auto", CPU, "bf16", None)
+    assert on == has_cxx_compiler() and why.startswith("compile auto -> " + ("on" if on else "off"))
+    assert should_compile("auto", CPU, "bf16", 2.0)[0] is False  # a budget too short to win the compile back
+    assert should_compile(True, CPU, "fp32", 2.0) == (True, "torch.compile on (as configured)")
+    assert should_compile(False, torch.device("cuda"), "bf16", None)[0] is False
+    with pytest.raises(ValueError, match="true, false or auto"):
+        should_compile("yes", CPU, "fp32", None)
+
+
+def test_compile_auto_is_the_recipes_choice_and_checked_in_the_config():
+    assert recipe("fashion-mnist")["compile"] == "auto" and recipe("cifar10")["compile"] == "auto"
+    assert TrainConfig(compile="auto").compile == "auto"
+    with pytest.raises(ValueError, match="compile must be true, false or auto"):
+        TrainConfig(compile="sometimes")
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        TrainConfig(threads=0)
+
+
+def test_cli_takes_compile_auto_and_threads():
+    from vitkit.cli.main import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["train", "--compile", "auto"]).compile == "auto"
+    assert p.parse_args(["train", "--compile"]).compile is True
+    assert p.parse_args(["train", "--no-compile"]).compile is False
+    assert p.parse_args(["train", "--threads", "1"]).threads == 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["train", "--compile", "maybe"])
+
+
+def test_cpu_kind_names_vendor_and_vector_units():
+    kind, short = cpu_kind(), cpu_kind_short()
+    if Path("/proc/cpuinfo").is_file() and platform.machine() == "x86_64":
+        flags = Path("/proc/cpuinfo").read_text()
+        unit = "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else \
+            "AVX-512" if "avx512f" in flags else "AVX2"
+        assert unit in kind and kind.endswith("(fp32)") != ("bf16" in flags)
+    assert "-" in short and short == short.lower()
+
+
+# ------------------------------------------------------------------------------------------ request batching
+def test_requests_waiting_together_are_answered_in_one_batch():
+    gate, sizes = threading.Event(), []
+
+    def fn(items):
+        gate.wait(5)  # the first batch holds the worker while the others queue up behind it
+        sizes.append(len(items))
+        return [x * 10 if x >= 0 else ValueError(f"bad {x}") for x in items]
+
+    async def main():
+        b = Batcher(fn, workers=1, max_batch=4, max_queue=8)
+        tasks = [asyncio.create_task(b.submit(i)) for i in range(7)]
+        await asyncio.sleep(0.1)
+        gate.set()
+        out = await asyncio.gather(*tasks)
+        with pytest.raises(ValueError, match="bad -1"):  # an item's error reaches that item's caller alone
+            await b.submit(-1)
+        return out
+
+    assert asyncio.run(main()) == [i * 10 for i in range(7)]
+    assert sizes == [4, 3, 1]  # the seven queued together went in batches of at most 4; the last alone
+
+
+def test_past_the_queue_limit_requests_are_told_busy_at_once():
+    gate = threading.Event()
+
+    async def main():
+        b = Batcher(lambda items: (gate.wait(5), items)[1], workers=1, max_batch=1, max_queue=2)
+        held = [asyncio.create_task(b.submit(i)) for i in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Busy):
+            await b.submit(99)
+        gate.set()
+        return await asyncio.gather(*held)
+
+    assert asyncio.run(main()) == [0, 1]
