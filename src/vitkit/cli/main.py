@@ -20,6 +20,8 @@ COMMANDS = {
     "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm or Hugging Face"),
     "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
     "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
+    "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "
+                               "patch size"),
     "bench": ("bench", "throughput against timm / Hugging Face / torchvision, and the machine's ceiling"),
 }
 

@@ -17,7 +17,12 @@ from typing import Any, Callable
 
 import torch
 
+SIZES = re.compile(r"(\d+) train / (\d+) val images")
 FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)", re.M)
+
+
+class SweepError(RuntimeError):
+    """A run of the sweep failed; the message names its log and command. Finished runs stay in the CSV."""
 
 
 @dataclass
@@ -86,17 +91,21 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
     with (run_dir / "train.log").open("a") as f, contextlib.redirect_stdout(_Tee(f, log)), \
             contextlib.redirect_stderr(f):
         code = main(argv)
-    found = FINAL.search(log.getvalue())
+    text = log.getvalue()
+    found = FINAL.search(text)
+    sizes = SIZES.findall(text)
     if code != 0 or not found:
-        raise RuntimeError(f"run {run.id} failed (exit {code}); its log: {run_dir / 'train.log'}; command: "
+        raise SweepError(f"run {run.id} failed (exit {code}); its log: {run_dir / 'train.log'}; command: "
                            f"vitkit {' '.join(argv)}")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = _yaml(run_dir / "config.yaml")
     images = metrics[-1]["step"] * cfg["batch_size"] * cfg["grad_accum"] if metrics else 0
     flops = train_flops_per_image(run_dir)
-    return {"run": run.id, **run.fields, "test_top1": float(found[1]), "epochs": int(found[2]),
+    return {"run": run.id, **run.fields, "test_top1": float(found[1]),
+            "train_images": int(sizes[-1][0]) if sizes else "", "test_images": int(sizes[-1][1]) if sizes else "",
+            "epochs": int(found[2]),
             "train_images_seen": images, "gflop_per_train_image": round(flops / 1e9, 4),
-            "train_pflop": round(flops * images / 1e15, 4), "elapsed_s": float(found[3]),
+            "train_pflop": round(flops * images / 1e15, 6), "elapsed_s": float(found[3]),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
             "precision": metrics[-1].get("precision", "") if metrics else "",
             "command": "vitkit " + " ".join(argv[:-4] if argv[-2:] == ["--resume", "auto"] else argv)}

@@ -1,0 +1,7 @@
+"""``vitkit reproduce CLAIM``: the paper's claims (data size, position embeddings, transfer, patch size) as sweeps
+of ordinary training runs at laptop scale, each with a CSV, a figure and a summary that says plainly whether the
+small-scale result agrees with the paper's trend."""
+from .claims import CLAIMS, Claim, Setup
+from .sweep import Run, sweep
+
+__all__ = ["CLAIMS", "Claim", "Run", "Setup", "sweep"]

@@ -1,0 +1,84 @@
+"""A claim's figure and summary, from its results.csv alone (so they can be redrawn from committed results)."""
+from __future__ import annotations
+
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+from .claims import Claim
+
+
+def _f(r: dict[str, Any], k: str) -> float:
+    return float(r[k])
+
+
+def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    if claim.name == "data-size":
+        for model in dict.fromkeys(r["model"] for r in rows):
+            pts = sorted((_f(r, "train_images"), _f(r, "test_top1")) for r in rows if r["model"] == model)
+            ax.plot(*zip(*pts), marker="o", label=model)
+        ax.set_xscale("log")
+        ax.set_xlabel("training images (log scale)")
+        ax.legend()
+    elif claim.name == "posemb":
+        kinds = list(dict.fromkeys(r["pos_embed"] for r in rows))
+        accs = [[_f(r, "test_top1") for r in rows if r["pos_embed"] == k] for k in kinds]
+        means = [statistics.mean(a) for a in accs]
+        ax.bar(kinds, means, yerr=[[m - min(a) for m, a in zip(means, accs)], [max(a) - m for m, a in zip(means, accs)]],
+               capsize=6, color="#8cb4d8")
+        for i, a in enumerate(accs):
+            ax.scatter([i] * len(a), a, color="k", s=10, zorder=3)
+        ax.set_ylim(min(min(a) for a in accs) - 3, max(max(a) for a in accs) + 2)
+        ax.set_xlabel("position embedding (bars: mean, whiskers: min-max over seeds, dots: seeds)")
+    elif claim.name == "patch-size":
+        for r in rows:
+            ax.scatter(_f(r, "train_pflop"), _f(r, "test_top1"), s=40)
+            ax.annotate(f"patch {r['patch_size']}", (_f(r, "train_pflop"), _f(r, "test_top1")),
+                        textcoords="offset points", xytext=(5, 5))
+        ax.set_xscale("log")
+        ax.set_xlabel("training compute (PFLOP, log scale)")
+    else:  # transfer
+        names = [r["run"] for r in rows]
+        ax.bar(names, [_f(r, "test_top1") for r in rows], color=["#bbbbbb" if r["run"] == "pretrain" else "#8cb4d8"
+                                                                  for r in rows])
+        ax.tick_params(axis="x", rotation=20)
+        ax.set_xlabel("run (grey: the CIFAR-10 pre-training, on its own test set)")
+    ax.set_ylabel("test top-1 (%)")
+    ax.set_title(claim.title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool, budget_min: float,
+            command: str) -> str:
+    from ..runtime.cpu import cpu_kind
+
+    cols = [c for c in rows[0] if c not in ("command", "claim", "held_equal", "cpu", "torch")] if rows else []
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    total = sum(_f(r, "wall_s") for r in rows)
+    lines = [f"# `{claim.name}`: {claim.title}", "",
+             f"**The paper.** {claim.paper}", "",
+             f"**Ours.** {claim.verdict(rows)}", "",
+             f"**Held equal.** {claim.held_equal}.", "",
+             f"**Budget.** {'--quick (a tiny slice, one epoch: checks the machinery, says nothing about the claim)' if quick else f'{budget_min:g} min of wall-clock time per run'}; "
+             f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
+             "", f"**Machine.** {cpu_kind()}, {_cores()} cores; Python {platform.python_version()}.", "",
+             f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",
+             *table, ""]
+    return "\n".join(lines)
+
+
+def _cores() -> int:
+    from ..runtime.threads import usable_cores
+
+    return usable_cores()
