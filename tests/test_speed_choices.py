@@ -14,6 +14,7 @@ import torch
 from vitkit.runtime import threads as th
 from vitkit.runtime.compile import has_cxx_compiler, should_compile
 from vitkit.runtime.cpu import cpu_kind, cpu_kind_short
+from vitkit.runtime.precision import cpu_has_amx
 from vitkit.serving.batcher import Batcher, Busy
 from vitkit.training.config import TrainConfig, recipe
 
@@ -65,7 +66,7 @@ def test_a_long_step_uses_every_core_without_timing_the_others(monkeypatch):
 def test_compile_auto_compiles_where_it_pays():
     assert should_compile("auto", CPU, "fp32", None)[0] is False
     on, why = should_compile("auto", CPU, "bf16", None)
-    assert on == has_cxx_compiler() and why.startswith("compile auto -> " + ("on" if on else "off"))
+    assert on == (has_cxx_compiler() and cpu_has_amx()) and why.startswith("compile auto -> " + ("on" if on else "off"))
     assert should_compile("auto", CPU, "bf16", 2.0)[0] is False  # a budget too short to win the compile back
     assert should_compile(True, CPU, "fp32", 2.0) == (True, "torch.compile on (as configured)")
     assert should_compile(False, torch.device("cuda"), "bf16", None)[0] is False

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from ..model.vit import set_attention
+from .precision import cpu_has_amx
 
 
 def has_cxx_compiler() -> bool:
@@ -33,22 +34,24 @@ SHORT_BUDGET_MIN = 3.0  # below this a cold compile (~30-40 s on 2 cores) eats m
 def should_compile(setting: bool | str, device: torch.device, precision: str,
                    time_limit: float | None) -> tuple[bool, str]:
     """``compile: auto`` decided for this device, precision and budget, and why (for the run log); True/False as
-    given. Measured on 2-core CPUs (docs: Speed): compiled bf16 steps ran 1.2x faster (Fashion-MNIST ViT,
-    2,000 -> 2,400 img/s, Xeon with AMX); compiled fp32 steps gained nothing (1.00x, Xeon AVX-512 without native
-    bf16) or lost (AMD EPYC AVX2), and every cold start pays ~35 s of compiling."""
+    given. Measured on 2-core CPUs (docs: Speed, results/train-throughput-cpu.csv): compiled bf16 steps ran 1.2x
+    faster on a Xeon with AMX (Fashion-MNIST ViT, 2,000 -> 2,400 img/s) but 0.87-0.96x on an AMD EPYC with
+    AVX512-BF16 and no AMX; compiled fp32 steps gained nothing on a Xeon without native bf16 (1.00x) and lost on an
+    AMD EPYC with AVX2 only. Every cold start pays ~20-40 s of compiling."""
     if setting is not True and setting is not False and setting != "auto":
         raise ValueError(f"compile must be true, false or auto, got {setting!r}")
     if setting != "auto":
         return bool(setting), f"torch.compile {'on' if setting else 'off'} (as configured)"
-    if device.type == "cpu" and not has_cxx_compiler():
-        return False, "compile auto -> off: no C++ compiler for Inductor's CPU kernels"
+    if device.type == "cpu":
+        if not has_cxx_compiler():
+            return False, "compile auto -> off: no C++ compiler for Inductor's CPU kernels"
+        if precision != "bf16" or not cpu_has_amx():
+            return False, (f"compile auto -> off: {precision} on a CPU without AMX gains nothing from Inductor "
+                           "(0.87-1.00x measured) and would spend 20-40 s compiling")
     if time_limit is not None and time_limit < SHORT_BUDGET_MIN:
         return False, (f"compile auto -> off: a {time_limit:g}-minute budget is too short to win back ~35 s of "
                        "compiling")
-    if device.type == "cpu" and precision != "bf16":
-        return False, (f"compile auto -> off: {precision} on this CPU gains nothing from Inductor (1.00x measured) "
-                       "and would spend ~35 s compiling")
-    return True, f"compile auto -> on ({precision} on {device.type}: fewer, fused kernels pay here)"
+    return True, f"compile auto -> on ({precision} on {'a CPU with AMX' if device.type == 'cpu' else device.type})"
 
 
 def compile_for_training(model: nn.Module, device: torch.device,

@@ -32,6 +32,11 @@ def cpu_has_native_bf16() -> bool:
     return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), as PyTorch's own CPU check sees it."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
 def has_native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bf16 natively (a CPU with AVX512-BF16/AMX, a CUDA GPU that supports it)."""
     if device.type == "cuda":
