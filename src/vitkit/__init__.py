@@ -66,5 +66,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["PRESETS", "InferenceModel", "TrainConfig", "Trainer", "ViTConfig", "VisionTransformer", "create_model",
-           "data_config", "transforms", "flops_per_image", "from_pretrained", "list_models", "load", "optimize_for_inference", "record_attention",
+           "data_config", "transforms", "flops_per_image", "from_pretrained", "list_models", "load",
+           "optimize_for_inference", "record_attention",
            "resample_pos_embed", "save_pretrained", "set_attention", "__version__"]

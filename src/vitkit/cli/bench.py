@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224")
     p.add_argument("--batches", default="1,16")
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", default=None,
+                   help="fp32,bf16 (default: fp32, and bf16 where this CPU computes in it natively; bf16 emulated "
+                        "in fp32 runs 5-60x slower than fp32 and is only timed when asked for)")
     p.add_argument("--peers", default="timm,hf,torchvision")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
@@ -41,32 +42,43 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.inference import bench_inference
     from ..bench.timing import matmul_ceiling
+    from ..runtime.cpu import cpu_kind
     from ..runtime.precision import cpu_has_native_bf16
 
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    native = cpu_has_native_bf16()
+    dtypes = (args.dtypes or ("fp32,bf16" if native else "fp32")).split(",")
+    print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
+    if not native:
+        print("this CPU has no native bf16 (AVX512-BF16/AMX): " + (
+            "bf16 rows skipped (emulated bf16 is 5-60x slower than fp32; --dtypes fp32,bf16 to time them anyway)"
+            if args.dtypes is None else "vitkit's bf16 rows run in fp32 (marked 'fp32'), as optimize_for_inference "
+                                        "and `precision: auto` choose here"), flush=True)
+
     def measure_ceiling(when: str) -> dict[str, float]:
-        c = {"fp32": matmul_ceiling(torch.float32), "bf16": matmul_ceiling(torch.bfloat16)}
-        print(f"matmul ceiling (4096^3){when}: fp32 {c['fp32'] / 1e9:.0f} GFLOP/s, bf16 {c['bf16'] / 1e9:.0f} GFLOP/s")
+        c = {"fp32": matmul_ceiling(torch.float32)}
+        if "bf16" in dtypes or native:
+            c["bf16"] = matmul_ceiling(torch.bfloat16, 4096 if native else 1024)
+        print(f"matmul ceiling{when}: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.items())
+              + ("" if "bf16" in c else ", bf16 not timed (emulated)"), flush=True)
         return c
 
     ceiling = measure_ceiling("")
-    if not cpu_has_native_bf16():
-        print("this CPU has no native bf16 (AVX512-BF16/AMX): vitkit's bf16 rows run in fp32 (marked 'fp32'), which "
-              "optimize_for_inference and `precision: auto` choose here; compare like with like in the fp32 rows")
     rows = []
     if not args.no_infer:
-        for name in args.models.split(","):
-            for b in (int(v) for v in args.batches.split(",")):
-                for dt in args.dtypes.split(","):
-                    rows += bench_inference(name, b, dt, tuple(p for p in args.peers.split(",") if p),
-                                            repeats=args.repeats, compile=args.compile)
+        groups = [(n, int(b), dt) for n in args.models.split(",") for b in args.batches.split(",") for dt in dtypes]
+        for k, (name, b, dt) in enumerate(groups, 1):
+            print(f"[{k}/{len(groups)}] inference {name} batch {b} {dt} ...", flush=True)
+            rows += bench_inference(name, b, dt, tuple(p for p in args.peers.split(",") if p), repeats=args.repeats,
+                                    compile=args.compile)
     if not args.no_train:
-        rows += _train_rows(args.train_steps)
+        print("training throughput ...", flush=True)
+        rows += _train_rows(args.train_steps, "bf16" in dtypes)
     # measured again at the end, the best of the two kept: the machine drifts (±10% over minutes here), and a
     # ceiling caught in a slow moment would flatter every "of ceiling" figure
     again = measure_ceiling(" again, the higher of the two is used")
     ceiling = {k: max(v, again[k]) for k, v in ceiling.items()}
+    ceiling.setdefault("bf16", float("nan"))
     for r in rows:
         peers = [o["img_s"] for o in rows if o["impl"] not in ("vitkit",) and
                  (o["model"], o["batch"], o["dtype"], o.get("task")) == (r["model"], r["batch"], r["dtype"],
@@ -79,8 +91,11 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         ratio = f"{r['ratio_to_best_peer']:.2f}x" if r["ratio_to_best_peer"] else "-"
         print(f"{r.get('task', 'infer'):<6}{r['model']:<26}{r['batch']:>4} {r['dtype']:<5} {r['impl']:<12}"
-              f"{r['mode']:<27}{r['img_s']:>9.1f} {ratio:>13} {100 * r['frac_of_ceiling']:>10.0f}%")
-    _write_json(args.json, {"ceiling_flop_s": ceiling, "rows": rows})
+              f"{r['mode']:<27}{r['img_s']:>9.1f} {ratio:>13} " + (f"{100 * r['frac_of_ceiling']:>10.0f}%"
+                                                                   if r["frac_of_ceiling"] == r["frac_of_ceiling"]
+                                                                   else f"{'-':>11}"))
+    print(f"(measured on {cpu_kind()})")
+    _write_json(args.json, {"cpu": cpu_kind(), "ceiling_flop_s": ceiling, "rows": rows})
     return 0
 
 
@@ -109,8 +124,9 @@ def _write_json(path: str | None, result: dict) -> None:
         print(f"wrote {path}")
 
 
-def _train_rows(steps: int) -> list[dict]:
-    """The Fashion-MNIST recipe's model: vitkit's trainer vs plain loops over timm's same model."""
+def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
+    """The Fashion-MNIST recipe's model: vitkit's trainer vs plain loops over timm's same model (the bf16 loop only
+    ``with_bf16``)."""
     import dataclasses
 
     import torch
@@ -147,7 +163,7 @@ def _train_rows(steps: int) -> list[dict]:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:
         return rows
-    for loop_precision in ("fp32", "bf16"):
+    for loop_precision in ("fp32", "bf16") if with_bf16 else ("fp32",):
         torch.manual_seed(0)
         ref = TimmViT(**timm_kwargs(model.config))
         row("timm", f"plain loop ({loop_precision})",

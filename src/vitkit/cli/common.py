@@ -51,6 +51,24 @@ MODEL_FLAGS: dict[str, tuple[str, Any, str]] = {
 }
 
 
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads (default: PyTorch's, one per core; batches of images split well across them)")
+
+
+def apply_threads(ns: argparse.Namespace) -> None:
+    if getattr(ns, "threads", None):
+        import torch
+
+        torch.set_num_threads(ns.threads)
+
+
 def add_model_flags(p: argparse.ArgumentParser, with_model: bool = True) -> None:
     g = p.add_argument_group("model")
     if with_model:

@@ -1,4 +1,5 @@
-"""``vitkit eval {--checkpoint DIR | --model NAME.TAG}``: top-1/top-5, loss, per-class accuracy and a confusion-matrix PNG."""
+"""``vitkit eval {--checkpoint DIR | --model NAME.TAG}``: top-1/top-5, loss, per-class accuracy and a
+confusion-matrix PNG."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,13 @@ from pathlib import Path
 import yaml
 
 from ..training.evaluate import EVAL_BATCH_SIZE
-from .common import ImageSize, add_data_flags, add_weights_flags, load_data_from_args, load_weights, weights_name
+from .common import (ImageSize, add_data_flags, add_threads_flag, add_weights_flags, apply_threads,
+                     load_data_from_args, load_weights, weights_name)
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
+    add_threads_flag(p)
     add_data_flags(p)
     p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
     p.add_argument("--img-size", action=ImageSize, default=None,
@@ -45,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
 
+    apply_threads(args)
     _run_dataset_defaults(args)
     model = load_weights(args, **({"img_size": args.img_size} if args.img_size else {}))
     pre = getattr(model, "preprocessing", None) or {}

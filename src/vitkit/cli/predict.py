@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_weights_flags, load_weights
+from .common import add_threads_flag, add_weights_flags, apply_threads, load_weights
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
+    add_threads_flag(p)
     p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.inference import optimize_for_inference
     from ..runtime.device import resolve_device
 
+    apply_threads(args)
     model = load_weights(args).to(resolve_device(args.device))
     pre = preprocessing_of(model)
     fast = optimize_for_inference(model)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from .common import add_data_flags, add_weights_flags, load_weights
+from .common import add_data_flags, add_weights_flags, load_weights, positive_int
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -13,12 +12,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--max-upload-mb", type=float, default=10.0)
     p.add_argument("--max-pixels", type=int, default=40_000_000)
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads per batch (default: measured at start-up, the fewest within 10%% of the fastest)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads per batch (default: measured at start-up, the fewest within 10%% of the "
+                        "fastest)")
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="batches predicted at once (default: the usable cores / --threads)")
-    p.add_argument("--max-batch", type=int, default=16, help="uploads waiting together are predicted as one batch")
-    p.add_argument("--max-queue", type=int, default=64, help="uploads waiting or running; past it: 503 busy, retry")
+    p.add_argument("--max-batch", type=positive_int, default=16,
+                   help="uploads waiting together are predicted as one batch")
+    p.add_argument("--max-queue", type=positive_int, default=64,
+                   help="uploads waiting or running; past it: 503 busy, retry")
     p.add_argument("--num-examples", type=int, default=8, help="example images offered from the dataset")
     add_data_flags(p)
 
@@ -58,11 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_weights(args)
     pre = preprocessing_of(model)
-    for flag in ("threads", "workers", "max_batch", "max_queue"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            print(f"vitkit serve: error: --{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}",
-                  file=sys.stderr)
-            return 2
     limits = Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels, workers=args.workers,
                     max_batch=args.max_batch, max_queue=args.max_queue)
     predictor = Predictor(model, pre, limits, threads=args.threads)

@@ -31,8 +31,8 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
         kinds = list(dict.fromkeys(r["pos_embed"] for r in rows))
         accs = [[_f(r, "test_top1") for r in rows if r["pos_embed"] == k] for k in kinds]
         means = [statistics.mean(a) for a in accs]
-        ax.bar(kinds, means, yerr=[[m - min(a) for m, a in zip(means, accs)], [max(a) - m for m, a in zip(means, accs)]],
-               capsize=6, color="#8cb4d8")
+        spread = [[m - min(a) for m, a in zip(means, accs)], [max(a) - m for m, a in zip(means, accs)]]
+        ax.bar(kinds, means, yerr=spread, capsize=6, color="#8cb4d8")
         for i, a in enumerate(accs):
             ax.scatter([i] * len(a), a, color="k", s=10, zorder=3)
         ax.set_ylim(min(min(a) for a in accs) - 3, max(max(a) for a in accs) + 2)
@@ -66,11 +66,13 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     total = sum(_f(r, "wall_s") for r in rows)
+    budget_text = ("--quick (a tiny slice, one epoch: checks the machinery, says nothing about the claim)" if quick
+                   else f"{budget_min:g} min of wall-clock time per run")
     lines = [f"# `{claim.name}`: {claim.title}", "",
              f"**The paper.** {claim.paper}", "",
              f"**Ours.** {claim.verdict(rows)}", "",
              f"**Held equal.** {claim.held_equal}.", "",
-             f"**Budget.** {'--quick (a tiny slice, one epoch: checks the machinery, says nothing about the claim)' if quick else f'{budget_min:g} min of wall-clock time per run'}; "
+             f"**Budget.** {budget_text}; "
              f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
              "", f"**Machine.** {cpu_kind()}, {_cores()} cores; Python {platform.python_version()}.", "",
              f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",

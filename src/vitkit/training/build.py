@@ -14,7 +14,7 @@ from ..model.config import to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
-from ..runtime.compile import compile_for_training, configure_for_training, should_compile, should_compile
+from ..runtime.compile import compile_for_training, configure_for_training, should_compile
 from .config import TrainConfig
 
 
@@ -55,7 +55,8 @@ def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSpli
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, precision: str, world: int,
                        log: Callable[[str], None] = print) -> nn.Module:
     """``model`` as the training step calls it: the attention path for ``precision`` on ``device``, wrapped in DDP
-    when there are several processes, compiled as ``cfg.compile`` says (``auto``: where it pays, runtime/compile.py). Its parameters are ``model``'s own."""
+    when there are several processes, compiled as ``cfg.compile`` says (``auto``: where it pays, runtime/compile.py).
+    Its parameters are ``model``'s own."""
     configure_for_training(model, device, precision)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
