@@ -1,7 +1,12 @@
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Two threads everywhere, in this process and the training subprocesses: results do not depend on what the thread
+# probe (runtime/threads.py) would pick on a busy or quiet machine; test_speed_choices.py tests the probe itself.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)

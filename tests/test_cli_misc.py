@@ -92,8 +92,11 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
 
     import vitkit.bench.timing as timing
 
+    from vitkit.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     ceilings = iter([100e9, 200e9, 300e9, 150e9])  # fp32, bf16 at the start; fp32, bf16 at the end
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype: next(ceilings))
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: next(ceilings))
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "fp32", "--peers",
                  "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
@@ -113,7 +116,7 @@ def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_agains
     from vitkit.runtime import precision as speed
 
     monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype: 300e9 if dtype == torch.float32 else 60e9)
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: 300e9 if dtype == torch.float32 else 60e9)
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "bf16", "--peers",
                  "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
@@ -123,6 +126,25 @@ def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_agains
         ceiling = 300e9 if mode == "optimized, fp32" else 60e9
         assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / ceiling)
     assert "this CPU has no native bf16" in capsys.readouterr().out
+
+
+def test_bench_cli_without_native_bf16_times_no_bf16_unless_asked(tmp_path, capsys, monkeypatch):
+    import json
+
+    import vitkit.bench.timing as timing
+    from vitkit.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    timed = []
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: timed.append(dtype) or 300e9)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--peers", "timm", "--repeats", "1",
+                 "--no-compile", "--no-train", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert timed == [torch.float32, torch.float32] and {r["dtype"] for r in result["rows"]} == {"fp32"}
+    said = capsys.readouterr().out
+    assert "bf16 rows skipped" in said and "[1/1] inference vit_tiny_patch16_224 batch 1 fp32" in said
+    assert "machine: " in said and ("AVX" in said or "AMX" in said or "(fp32)" in said) and result["cpu"]
 
 
 def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line(tmp_path, monkeypatch,

@@ -14,7 +14,7 @@ from vitkit.cli.main import main
 from vitkit.data.splits import DataSplits, ImageTensors
 from vitkit.model.config import ViTConfig
 
-from .helpers import write_digits_folder
+from helpers import write_digits_folder
 
 
 @pytest.fixture(scope="module")

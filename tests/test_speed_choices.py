@@ -141,3 +141,18 @@ def test_past_the_queue_limit_requests_are_told_busy_at_once():
         return await asyncio.gather(*held)
 
     assert asyncio.run(main()) == [0, 1]
+
+
+def test_the_thread_probe_leaves_no_trace_on_the_run():
+    from vitkit.training.trainer import Trainer
+
+    cfg = dict(dataset="digits", epochs=1, model_args={"hybrid": "conv:8", "depth": 1, "embed_dim": 32, "num_heads": 2})
+    states = []
+    for threads in (None, 1):  # measured (the probe runs forward+backward) or given (no probe)
+        torch.manual_seed(0)
+        t = Trainer(TrainConfig(**cfg, threads=threads), log=lambda s: None, progress=False)
+        states.append(({k: v.clone() for k, v in t.model.state_dict().items()}, torch.get_rng_state()))
+        assert all(p.grad is None for p in t.model.parameters())
+    (a, rng_a), (b, rng_b) = states
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # BatchNorm's statistics included
+    assert torch.equal(rng_a, rng_b)

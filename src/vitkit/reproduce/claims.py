@@ -155,8 +155,18 @@ def data_size_verdict(rows: list[dict[str, Any]]) -> str:
             f"{hi:.0%}. The paper's trend is a CNN ahead on little data and a ViT that closes the gap as data grows. "
             + ("This agrees with it: the ViT lacks the CNN's inductive bias and makes up for it with data. "
                if agrees else "This does not show it at this scale. ")
+            + _compute_bound(rows, hi)
             + "The paper's crossover needs 100x more data (ImageNet-21k to JFT-300M) than any point here: what a "
               "laptop can show is the direction of the gap, not the crossover.")
+
+
+def _compute_bound(rows: list[dict[str, Any]], fraction: float) -> str:
+    """A sentence when the budget, not the data, limited the largest fraction's runs."""
+    epochs = [int(float(r["epochs"])) for r in rows if float(r["train_fraction"]) == fraction]
+    if not epochs or max(epochs) >= 10:
+        return ""
+    return (f"With all the data the models saw only {min(epochs)}-{max(epochs)} epochs in their budget: those "
+            "points are limited by compute as much as by data (a larger --budget-min moves them up). ")
 
 
 def posemb_verdict(rows: list[dict[str, Any]]) -> str:

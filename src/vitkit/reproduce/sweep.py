@@ -104,8 +104,8 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
     return {"run": run.id, **run.fields, "test_top1": float(found[1]),
             "train_images": int(sizes[-1][0]) if sizes else "", "test_images": int(sizes[-1][1]) if sizes else "",
             "epochs": int(found[2]),
-            "train_images_seen": images, "gflop_per_train_image": round(flops / 1e9, 4),
-            "train_pflop": round(flops * images / 1e15, 6), "elapsed_s": float(found[3]),
+            "train_images_seen": images, "gflop_per_train_image": float(f"{flops / 1e9:.4g}"),
+            "train_pflop": float(f"{flops * images / 1e15:.4g}"), "elapsed_s": float(found[3]),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
             "precision": metrics[-1].get("precision", "") if metrics else "",
             "command": "vitkit " + " ".join(argv[:-4] if argv[-2:] == ["--resume", "auto"] else argv)}

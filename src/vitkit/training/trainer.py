@@ -158,7 +158,8 @@ class Trainer:
 
     def _choose_threads(self) -> str:
         """The intra-op thread count, from timing a forward+backward on a real batch (runtime/threads.py); the
-        probe leaves no trace: random state restored, gradients cleared."""
+        probe leaves no trace: random state and buffers (BatchNorm's running statistics) restored, gradients
+        cleared."""
         cfg = self.cfg
         if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
             n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
@@ -175,11 +176,14 @@ class Trainer:
                 loss = self.criterion(self.model(x), target)
             loss.backward()
 
-        rng = torch.get_rng_state()
+        rng, buffers = torch.get_rng_state(), [(b, b.clone()) for b in self.model.buffers()]
         try:
             return choose_threads(step, cfg.threads, "training step", self.device)[1]
         finally:
             torch.set_rng_state(rng)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
             self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------------------ loop
