@@ -10,7 +10,8 @@ import vitkit
 SRC = Path(vitkit.__file__).parent
 # Lowest first. A module may import from its own layer or a lower one. The top-level modules (vitkit/__init__,
 # the old-name shims speed.py and kernels.py) are facades over the layers and stand outside them.
-LAYERS = [{"model"}, {"runtime", "interop"}, {"data"}, {"training"}, {"inspect", "serving"}, {"bench"}, {"cli"}]
+LAYERS = [{"model"}, {"runtime", "interop"}, {"data"}, {"training"}, {"inspect", "serving"}, {"bench"},
+          {"cli", "reproduce"}]  # reproduce runs `vitkit train` itself, as the CLI does
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import yaml
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
+
+from ..model.config import ViTConfig, to_2tuple
+from ..model.vit import VisionTransformer
 
 SIZES = re.compile(r"(\d+) train / (\d+) val images")
 FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)", re.M)
@@ -63,11 +69,6 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 def train_flops_per_image(run_dir: Path) -> float:
     """Forward+backward FLOPs of one training image for the model the run trained (PyTorch's FLOP counter on a
     forward of one image, x3 for the backward), CNN stem included."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ..model.config import ViTConfig, to_2tuple
-    from ..model.vit import VisionTransformer
-
     meta = json.loads((run_dir / "last" / "config.json").read_text())
     cfg = ViTConfig.from_dict(meta["model"])
     model = VisionTransformer(cfg).eval()
@@ -79,7 +80,7 @@ def train_flops_per_image(run_dir: Path) -> float:
 
 def execute(run: Run, out: Path) -> dict[str, Any]:
     """Train one run (resuming its folder if it was cut off) and return its row."""
-    from ..cli.main import main
+    from ..cli.main import main  # the CLI imports this package: taken when a run starts, so no import cycle
 
     run_dir = out / "runs" / run.id
     if run_dir.exists() and not (run_dir / "last").exists():
@@ -126,16 +127,12 @@ class _Tee(io.TextIOBase):
 
 
 def _yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     return yaml.safe_load(path.read_text())
 
 
 def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = True,
           say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every run of ``runs`` not yet in ``out/results.csv``, in order; the CSV's rows (``common`` columns added)."""
-    from tqdm import tqdm
-
     path = out / "results.csv"
     rows = read_rows(path)
     done = {r["run"] for r in rows}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .precision import cpu_has_native_bf16
+
 
 def _cpuinfo() -> tuple[str, set[str]]:
     """(model name, flags) from /proc/cpuinfo; ("", set()) where there is none (macOS, Windows)."""
@@ -42,8 +44,6 @@ def cpu_kind() -> str:
             units = ["AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"]
     else:  # no /proc/cpuinfo: PyTorch's own dispatch level says as much
         units = [torch.backends.cpu.get_cpu_capability()]
-    from .precision import cpu_has_native_bf16
-
     return f"{vendor}, {' + '.join(units)}" + ("" if cpu_has_native_bf16() else " (fp32)")
 
 
