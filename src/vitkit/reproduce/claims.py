@@ -107,9 +107,10 @@ PATCHES = (2, 4, 8)
 
 def patch_size_runs(s: Setup) -> list[Run]:
     vit = models(s.dataset, s.quick)["vit"]
+    size = int(vit[vit.index("--img-size") + 1])
     return [Run(f"patch{p}", s.data + _replace(vit, "--patch-size", str(p)) + s.fraction(1.0) + s.train_flags(),
-                {"patch_size": p, "tokens": (32 // p) ** 2 if s.dataset == "cifar10" else (28 // p) ** 2}, s.budget)
-            for p in PATCHES if (32 if s.dataset == "cifar10" else 28) % p == 0]
+                {"patch_size": p, "tokens": (size // p) ** 2}, s.budget)
+            for p in PATCHES if size % p == 0]
 
 
 PRETRAIN_BUDGET_X = 5  # the CIFAR-10 pre-training gets this many target-run budgets
@@ -140,12 +141,13 @@ def transfer_runs(s: Setup) -> list[Run]:
 
 
 # ------------------------------------------------------------------------------------------ verdicts
-def _f(r: dict[str, Any], k: str) -> float:
+def num(r: dict[str, Any], k: str) -> float:
+    """A CSV cell (text when read back) as a number."""
     return float(r[k])
 
 
 def data_size_verdict(rows: list[dict[str, Any]]) -> str:
-    acc = {(r["model"], float(r["train_fraction"])): _f(r, "test_top1") for r in rows}
+    acc = {(r["model"], float(r["train_fraction"])): num(r, "test_top1") for r in rows}
     lo, hi = min(FRACTIONS), max(FRACTIONS)
     if not all((m, f) in acc for m in ("vit", "resnet") for f in (lo, hi)):
         return "incomplete: the smallest and largest fractions of both the ViT and the ResNet are needed"
@@ -172,7 +174,7 @@ def _compute_bound(rows: list[dict[str, Any]], fraction: float) -> str:
 def posemb_verdict(rows: list[dict[str, Any]]) -> str:
     by: dict[str, list[float]] = {}
     for r in rows:
-        by.setdefault(r["pos_embed"], []).append(_f(r, "test_top1"))
+        by.setdefault(r["pos_embed"], []).append(num(r, "test_top1"))
     if "none" not in by or len(by) < 2:
         return "incomplete: runs without and with a position embedding are needed"
     mean = {k: sum(v) / len(v) for k, v in by.items()}
@@ -192,10 +194,10 @@ def patch_size_verdict(rows: list[dict[str, Any]]) -> str:
     rs = sorted(rows, key=lambda r: int(r["patch_size"]))
     if len(rs) < 2:
         return "incomplete"
-    parts = [f"patch {r['patch_size']}: {_f(r, 'gflop_per_train_image'):.3f} GFLOP per training image, "
-             f"{int(float(r['train_images_seen'])):,} images seen, {_f(r, 'test_top1'):.2f}%" for r in rs]
-    best = max(rs, key=lambda r: _f(r, "test_top1"))
-    cost = _f(rs[0], "gflop_per_train_image") / _f(rs[-1], "gflop_per_train_image")
+    parts = [f"patch {r['patch_size']}: {num(r, 'gflop_per_train_image'):.3f} GFLOP per training image, "
+             f"{int(float(r['train_images_seen'])):,} images seen, {num(r, 'test_top1'):.2f}%" for r in rs]
+    best = max(rs, key=lambda r: num(r, "test_top1"))
+    cost = num(rs[0], "gflop_per_train_image") / num(rs[-1], "gflop_per_train_image")
     return ("; ".join(parts) + f". Halving the patch side quadruples the tokens: patch {rs[0]['patch_size']} costs "
             f"{cost:.0f}x patch {rs[-1]['patch_size']} per image. At equal wall-clock time patch "
             f"{best['patch_size']} scored best. The paper's Table 1 / Fig. 5 point: a smaller patch buys accuracy "
@@ -203,7 +205,7 @@ def patch_size_verdict(rows: list[dict[str, Any]]) -> str:
 
 
 def transfer_verdict(rows: list[dict[str, Any]]) -> str:
-    acc = {r["run"]: _f(r, "test_top1") for r in rows}
+    acc = {r["run"]: num(r, "test_top1") for r in rows}
     if not {"scratch", "finetune"} <= set(acc):
         return "incomplete: the scratch and fine-tune runs are needed"
     agrees = acc["finetune"] > acc["scratch"]

@@ -8,11 +8,7 @@ from typing import Any
 
 from ..runtime.cpu import cpu_kind
 from ..runtime.threads import usable_cores
-from .claims import Claim
-
-
-def _f(r: dict[str, Any], k: str) -> float:
-    return float(r[k])
+from .claims import Claim, num
 
 
 def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
@@ -24,14 +20,14 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     if claim.name == "data-size":
         for model in dict.fromkeys(r["model"] for r in rows):
-            pts = sorted((_f(r, "train_images"), _f(r, "test_top1")) for r in rows if r["model"] == model)
+            pts = sorted((num(r, "train_images"), num(r, "test_top1")) for r in rows if r["model"] == model)
             ax.plot(*zip(*pts), marker="o", label=model)
         ax.set_xscale("log")
         ax.set_xlabel("training images (log scale)")
         ax.legend(loc="center right", fontsize=8)
     elif claim.name == "posemb":
         kinds = list(dict.fromkeys(r["pos_embed"] for r in rows))
-        accs = [[_f(r, "test_top1") for r in rows if r["pos_embed"] == k] for k in kinds]
+        accs = [[num(r, "test_top1") for r in rows if r["pos_embed"] == k] for k in kinds]
         means = [statistics.mean(a) for a in accs]
         spread = [[m - min(a) for m, a in zip(means, accs)], [max(a) - m for m, a in zip(means, accs)]]
         ax.bar(kinds, means, yerr=spread, capsize=6, color="#8cb4d8")
@@ -41,14 +37,14 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("position embedding (bars: mean, whiskers: min-max over seeds, dots: seeds)")
     elif claim.name == "patch-size":
         for r in rows:
-            ax.scatter(_f(r, "train_pflop"), _f(r, "test_top1"), s=40)
-            ax.annotate(f"patch {r['patch_size']}", (_f(r, "train_pflop"), _f(r, "test_top1")),
+            ax.scatter(num(r, "train_pflop"), num(r, "test_top1"), s=40)
+            ax.annotate(f"patch {r['patch_size']}", (num(r, "train_pflop"), num(r, "test_top1")),
                         textcoords="offset points", xytext=(5, 5))
         ax.set_xscale("log")
         ax.set_xlabel("training compute (PFLOP, log scale)")
     else:  # transfer
         names = [r["run"] for r in rows]
-        ax.bar(names, [_f(r, "test_top1") for r in rows], color=["#bbbbbb" if r["run"] == "pretrain" else "#8cb4d8"
+        ax.bar(names, [num(r, "test_top1") for r in rows], color=["#bbbbbb" if r["run"] == "pretrain" else "#8cb4d8"
                                                                   for r in rows])
         ax.tick_params(axis="x", rotation=20)
         ax.set_xlabel("run (grey: the CIFAR-10 pre-training, on its own test set)")
@@ -65,7 +61,7 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
     cols = [c for c in rows[0] if c not in ("command", "claim", "held_equal", "cpu", "torch")] if rows else []
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    total = sum(_f(r, "wall_s") for r in rows)
+    total = sum(num(r, "wall_s") for r in rows)
     budget_text = ("--quick (a tiny slice, one epoch: checks the machinery, says nothing about the claim)" if quick
                    else f"{budget_min:g} min of wall-clock time per run")
     lines = [f"# `{claim.name}`: {claim.title}", "",
@@ -74,11 +70,7 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
              f"**Held equal.** {claim.held_equal}.", "",
              f"**Budget.** {budget_text}; "
              f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
-             "", f"**Machine.** {cpu_kind()}, {_cores()} cores; Python {platform.python_version()}.", "",
+             "", f"**Machine.** {cpu_kind()}, {usable_cores()} cores; Python {platform.python_version()}.", "",
              f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",
              *table, ""]
     return "\n".join(lines)
-
-
-def _cores() -> int:
-    return usable_cores()

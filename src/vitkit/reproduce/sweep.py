@@ -6,22 +6,24 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import os
 import re
+import shlex
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import yaml
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
-from ..model.config import ViTConfig, to_2tuple
+from ..model.config import to_2tuple
+from ..model.serialization import read_config
 from ..model.vit import VisionTransformer
+from ..training.config import safe_yaml
+from ..training.runlog import read_metrics
 
 SIZES = re.compile(r"(\d+) train / (\d+) val images")
 FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)", re.M)
@@ -39,11 +41,14 @@ class Run:
     args: list[str]
     fields: dict[str, Any]  # the columns that place the point: model, train_fraction, seed, pos_embed, ...
     budget_min: float | None  # None: the run's own --epochs decide (--quick)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    def train_argv(self) -> list[str]:
+        """``vitkit train`` arguments of this point, as the CSV records them (no run folder)."""
+        return ["train", *self.args, *(["--time-limit", f"{self.budget_min:g}"] if self.budget_min else [])]
 
     def command(self, out: Path) -> list[str]:
-        budget = ["--time-limit", f"{self.budget_min:g}"] if self.budget_min else []
-        return ["train", *self.args, *budget, "--output", str(out / "runs" / self.id), "--resume", "auto"]
+        """The arguments the sweep runs: into ``out/runs/ID``, continuing it if it was cut off."""
+        return [*self.train_argv(), "--output", str(out / "runs" / self.id), "--resume", "auto"]
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -69,8 +74,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 def train_flops_per_image(run_dir: Path) -> float:
     """Forward+backward FLOPs of one training image for the model the run trained (PyTorch's FLOP counter on a
     forward of one image, x3 for the backward), CNN stem included."""
-    meta = json.loads((run_dir / "last" / "config.json").read_text())
-    cfg = ViTConfig.from_dict(meta["model"])
+    cfg = read_config(run_dir / "last")[0]
     model = VisionTransformer(cfg).eval()
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
@@ -97,9 +101,9 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
     sizes = SIZES.findall(text)
     if code != 0 or not found:
         raise SweepError(f"run {run.id} failed (exit {code}); its log: {run_dir / 'train.log'}; command: "
-                           f"vitkit {' '.join(argv)}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    cfg = _yaml(run_dir / "config.yaml")
+                           f"vitkit {shlex.join(argv)}")
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    cfg = safe_yaml(run_dir / "config.yaml")
     images = metrics[-1]["step"] * cfg["batch_size"] * cfg["grad_accum"] if metrics else 0
     flops = train_flops_per_image(run_dir)
     return {"run": run.id, **run.fields, "test_top1": float(found[1]),
@@ -109,7 +113,7 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
             "train_pflop": float(f"{flops * images / 1e15:.4g}"), "elapsed_s": float(found[3]),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
             "precision": metrics[-1].get("precision", "") if metrics else "",
-            "command": "vitkit " + " ".join(argv[:-4] if argv[-2:] == ["--resume", "auto"] else argv)}
+            "command": "vitkit " + shlex.join(run.train_argv())}
 
 
 class _Tee(io.TextIOBase):
@@ -124,10 +128,6 @@ class _Tee(io.TextIOBase):
     def flush(self) -> None:
         for st in self.streams:
             st.flush()
-
-
-def _yaml(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
 
 
 def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = True,

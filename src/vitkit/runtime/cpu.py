@@ -11,23 +11,29 @@ import torch
 from .precision import cpu_has_native_bf16
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
-    """(model name, flags) from /proc/cpuinfo; ("", set()) where there is none (macOS, Windows)."""
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) from /proc/cpuinfo; ("", empty) where there is none (macOS, Windows)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return "", set()
-    name, flags = "", set()
+        return "", frozenset()
+    name, flags = "", frozenset()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
         if key == "model name" and not name:
             name = value.strip()
         elif key == "flags" and not flags:
-            flags = set(value.split())
+            flags = frozenset(value.split())
         if name and flags:
             break
     return name, flags
+
+
+# the widest units first: (flag, as the tables write it, as a column key)
+UNITS = (("amx_bf16", "AMX", "amx"), ("avx512_bf16", "AVX512-BF16", "avx512bf16"), ("avx512f", "AVX-512", "avx512"),
+         ("avx2", "AVX2", "avx2"))
 
 
 @functools.cache
@@ -39,9 +45,8 @@ def cpu_kind() -> str:
     vendor = " ".join(name.replace("(R)", "").replace("(TM)", "").split()[:2]) or platform.processor() \
         or platform.machine()
     if flags:
-        units = [u for f, u in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16")) if f in flags]
-        if not units:
-            units = ["AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"]
+        units = [u for f, u, _ in UNITS[:2] if f in flags] or \
+            [next((u for f, u, _ in UNITS[2:] if f in flags), "no AVX2")]
     else:  # no /proc/cpuinfo: PyTorch's own dispatch level says as much
         units = [torch.backends.cpu.get_cpu_capability()]
     return f"{vendor}, {' + '.join(units)}" + ("" if cpu_has_native_bf16() else " (fp32)")
@@ -51,7 +56,5 @@ def cpu_kind_short() -> str:
     """A column-friendly form: ``amd-avx2``, ``intel-avx512``, ``intel-amx``, ``amd-avx512bf16``."""
     name, flags = _cpuinfo()
     vendor = "amd" if "AMD" in name else "intel" if "Intel" in name else platform.machine().lower()
-    unit = ("amx" if "amx_bf16" in flags else "avx512bf16" if "avx512_bf16" in flags else
-            "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else
-            torch.backends.cpu.get_cpu_capability().lower())
+    unit = next((key for f, _, key in UNITS if f in flags), torch.backends.cpu.get_cpu_capability().lower())
     return f"{vendor}-{unit}"

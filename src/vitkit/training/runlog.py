@@ -51,11 +51,16 @@ class RunLog:
         plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
 
 
+def read_metrics(metrics_jsonl: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl``, one per epoch."""
+    return [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+
+
 def plot_curves(metrics_jsonl: Path, out: Path) -> None:
     """Loss and validation top-1 per epoch from a run's ``metrics.jsonl``."""
     if not Path(metrics_jsonl).is_file():
         return
-    rows = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    rows = read_metrics(metrics_jsonl)
     if not rows:
         return
     import matplotlib  # matplotlib's import (≈0.5 s) is paid once, when a run ends
