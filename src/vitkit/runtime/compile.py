@@ -35,9 +35,10 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
                    time_limit: float | None) -> tuple[bool, str]:
     """``compile: auto`` decided for this device, precision and budget, and why (for the run log); True/False as
     given. Measured on 2-core CPUs (docs: Speed, results/train-throughput-cpu.csv): compiled bf16 steps ran 1.2x
-    faster on a Xeon with AMX (Fashion-MNIST ViT, 2,000 -> 2,400 img/s) but 0.87-0.96x on an AMD EPYC with
-    AVX512-BF16 and no AMX; compiled fp32 steps gained nothing on a Xeon without native bf16 (1.00x) and lost on an
-    AMD EPYC with AVX2 only. Every cold start pays ~20-40 s of compiling."""
+    faster on a Xeon with AMX (Fashion-MNIST ViT, 2,000 -> 2,400 img/s) but 0.88-1.00x on an AMD EPYC with
+    AVX512-BF16 and no AMX (where compiled fp32 ran 1.06-1.16x, but ``precision: auto`` is bf16); compiled fp32
+    gained nothing on a Xeon without native bf16 (1.00x). Every cold start pays ~20-40 s of compiling. GPUs are
+    compiled without a measurement of our own."""
     if setting is not True and setting is not False and setting != "auto":
         raise ValueError(f"compile must be true, false or auto, got {setting!r}")
     if setting != "auto":
@@ -46,8 +47,8 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
         if not has_cxx_compiler():
             return False, "compile auto -> off: no C++ compiler for Inductor's CPU kernels"
         if precision != "bf16" or not cpu_has_amx():
-            return False, (f"compile auto -> off: {precision} on a CPU without AMX gains nothing from Inductor "
-                           "(0.87-1.00x measured) and would spend 20-40 s compiling")
+            return False, (f"compile auto -> off: compiling {precision} on a CPU without AMX gained little or nothing "
+                           "where measured (docs: Speed) and costs 20-40 s; --compile to compile anyway")
     if time_limit is not None and time_limit < SHORT_BUDGET_MIN:
         return False, (f"compile auto -> off: a {time_limit:g}-minute budget is too short to win back ~35 s of "
                        "compiling")

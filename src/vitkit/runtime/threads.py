@@ -3,10 +3,10 @@
 PyTorch starts with one intra-op thread per core. For a model whose step takes a few milliseconds a second thread
 buys almost nothing (the work per matmul is too small to split), and on a machine that is doing something else it
 costs a great deal: OpenMP threads wait for each other at every operator, so a thread sharing its core with another
-process holds all of them back (the default `vitkit train` on 2 AMD EPYC cores, one kept busy by another process:
-86 s with 2 threads, 22 s with 1; 18.5 s on the quiet machine). So the candidates are timed round-robin on the run's
-own step, and the fewest threads within 10% of the fastest win. ``--threads N`` (or ``OMP_NUM_THREADS``) decides
-instead.
+process holds all of them back (the default `vitkit train` on 2 AMD EPYC AVX512-BF16 cores, one kept busy by another
+process: 115-124 s with 2 threads, 43-44 s with 1; 38-45 s on the quiet machine; results/threads-contention.csv).
+So the candidates are timed round-robin on the run's own step, and the fewest threads within 10% of the fastest win.
+``--threads N`` (or ``OMP_NUM_THREADS``) decides instead.
 """
 from __future__ import annotations
 
