@@ -131,3 +131,25 @@ def test_the_resnet_baseline_is_torchvision_basic_blocks_with_no_transformer_lay
     with pytest.raises(ValueError, match="0 only with a hybrid stem"):
         ViTConfig(depth=0)
     assert ViTConfig(hybrid="none").hybrid is None
+
+
+def test_a_truncated_zip_or_a_foreign_results_csv_is_a_message(cifar_like, tmp_path, capsys):
+    import zipfile
+
+    whole = tmp_path / "c.zip"
+    with zipfile.ZipFile(whole, "w") as z:
+        for f in sorted(cifar_like.rglob("*.png"))[:50]:
+            z.write(f, f.relative_to(cifar_like))
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert main(["reproduce", "posemb", "--quick", "--data-dir", str(cut), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "run none-seed0 failed" in err and "not a readable zip" in err and "Traceback" not in err
+    assert main(["train", "--dataset", "folder", "--data-dir", str(cut), "--output", str(tmp_path / "t")]) == 2
+    assert "not a readable zip" in capsys.readouterr().err
+    foreign = tmp_path / "f"
+    foreign.mkdir()
+    (foreign / "results.csv").write_text("name,score\nx,1\n")
+    assert main(["reproduce", "posemb", "--quick", "--data-dir", str(cifar_like), "--out", str(foreign)]) == 2
+    assert "not a results.csv of vitkit reproduce" in capsys.readouterr().err
+    assert (foreign / "results.csv").read_text() == "name,score\nx,1\n"  # left as it was

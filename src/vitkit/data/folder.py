@@ -29,7 +29,10 @@ class _Source:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        try:
+            self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        except (zipfile.BadZipFile, EOFError) as e:  # truncated, or not a zip at all
+            raise ValueError(f"{path}: not a readable zip of images (truncated, or not a zip: {e})") from None
         if self.zip is None and not path.is_dir():
             raise FileNotFoundError(f"{path}: no such folder or zip file")
         names = self.zip.namelist() if self.zip else [str(p.relative_to(path)) for p in path.rglob("*")]

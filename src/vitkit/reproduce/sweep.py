@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -52,10 +53,21 @@ class Run:
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of an earlier sweep's results.csv ([] if there is none); an error naming the file for anything
+    that is not one (nothing is overwritten)."""
     if not path.is_file():
         return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a results.csv of vitkit reproduce ({e}); move it away or choose another "
+                         "--out") from None
+    if "run" not in (reader.fieldnames or []) or any(not r.get("run") for r in rows):
+        raise ValueError(f"{path}: not a results.csv of vitkit reproduce (no 'run' column, or a row without one); "
+                         "move it away or choose another --out")
+    return rows
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -93,15 +105,22 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
     argv = run.command(out)
     log = io.StringIO()
     t = time.time()
+    errors = io.StringIO()
     with (run_dir / "train.log").open("a") as f, contextlib.redirect_stdout(_Tee(f, log)), \
-            contextlib.redirect_stderr(f):
-        code = main(argv)
+            contextlib.redirect_stderr(_Tee(f, errors)):
+        try:
+            code = main(argv)
+        except Exception as e:  # noqa: BLE001 - the traceback goes to the run's log, the sweep says what and where
+            traceback.print_exc()
+            code = f"{type(e).__name__}: {e}"
     text = log.getvalue()
     found = FINAL.search(text)
     sizes = SIZES.findall(text)
     if code != 0 or not found:
-        raise SweepError(f"run {run.id} failed (exit {code}); its log: {run_dir / 'train.log'}; command: "
-                           f"vitkit {shlex.join(argv)}")
+        said = [line for line in errors.getvalue().splitlines() if "error:" in line]
+        why = said[-1] if said else f"exit {code}" if isinstance(code, int) else code
+        raise SweepError(f"run {run.id} failed: {why}; its log: {run_dir / 'train.log'}; command: "
+                         f"vitkit {shlex.join(argv)}")
     metrics = read_metrics(run_dir / "metrics.jsonl")
     cfg = safe_yaml(run_dir / "config.yaml")
     images = metrics[-1]["step"] * cfg["batch_size"] * cfg["grad_accum"] if metrics else 0
