@@ -12,7 +12,13 @@ def test_summary_prints_torchinfo_table_with_params_and_macs(capsys):
     out = capsys.readouterr().out
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=10)
     assert f"parameters: {model.num_params:,}" in out
-    assert "Mult-Adds" in out and "Attention" in out
+    assert "Attention" in out and "Total mult-adds" not in out  # torchinfo's count is per image, not per token
+    assert "GFLOP per image" in out
+    # ViT-B/16: 17.6 GMACs per 224x224 image (timm's model card); by hand, patches 196*768*768 plus 12 blocks of
+    # qkv 197*768*2304, q k^T and A v 2*197^2*768, proj 197*768^2, MLP 2*197*768*3072, plus the head 768*1000
+    by_hand = 196 * 768 * 768 + 12 * (197 * 768 * 2304 + 2 * 197**2 * 768 + 197 * 768**2 + 2 * 197 * 768 * 3072) + 768000
+    assert vitkit.flops_per_image(vitkit.create_model("vit_base_patch16_224").config) == 2 * by_hand
+    assert abs(by_hand / 1e9 - 17.6) < 0.05
 
 
 def test_unknown_preset_is_a_clean_cli_error(capsys):

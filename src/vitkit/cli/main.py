@@ -14,7 +14,7 @@ COMMANDS = {
     "train": ("train", "train or fine-tune a ViT"),
     "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix"),
     "predict": ("predict", "top-k classes for image files"),
-    "summary": ("summary", "layer table, parameters and MACs (torchinfo)"),
+    "summary": ("summary", "layer table and parameters (torchinfo), forward GFLOP per image"),
     "inspect": ("inspect_cmd", "attention maps, rollout, attention distance, position embeddings, filters"),
     "import": ("import_cmd", "convert timm / Hugging Face / JAX weights into a vitkit folder"),
     "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm or Hugging Face"),

@@ -167,7 +167,8 @@ def _compute_bound(rows: list[dict[str, Any]], fraction: float) -> str:
     epochs = [int(float(r["epochs"])) for r in rows if float(r["train_fraction"]) == fraction]
     if not epochs or max(epochs) >= 10:
         return ""
-    return (f"With all the data the models saw only {min(epochs)}-{max(epochs)} epochs in their budget: those "
+    seen = f"{min(epochs)}-{max(epochs)} epochs" if min(epochs) != max(epochs) else f"{min(epochs)} epoch(s)"
+    return (f"With all the data the models saw only {seen} in their budget: those "
             "points are limited by compute as much as by data (a larger --budget-min moves them up). ")
 
 
