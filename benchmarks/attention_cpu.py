@@ -1,6 +1,6 @@
 """Attention alone, as ViT-B/16 runs it at batch 16 (12 heads, 197 tokens, head dim 64, bf16): how fast each
 PyTorch path and vitkit's AMX kernel (vitkit/runtime/kernels) are, next to the matmul speed of the linear layers
-(README, Speed).
+(docs/speed.md).
 
     python benchmarks/attention_cpu.py [--batch 16] [--repeats 5]
 

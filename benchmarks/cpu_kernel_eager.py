@@ -1,6 +1,6 @@
 """Eager bf16 inference with and without vitkit's AMX attention kernel (``optimize_for_inference(model)`` vs
 ``optimize_for_inference(model, cpu_kernel=True)``), round-robin, on the recipes' small models at evaluation batch
-256 and on ViT-S/16 and ViT-B/16 at batch 16 (README, Speed). Numbers only.
+256 and on ViT-S/16 and ViT-B/16 at batch 16 (docs/speed.md). Numbers only.
 
     python benchmarks/cpu_kernel_eager.py [--repeats 6]
 """

@@ -1,5 +1,5 @@
 """Where a compiled bf16 ViT-B/16 forward spends its time: torch.profiler over three batch-16 forwards of
-``optimize_for_inference(model, compile=True)`` (README, Speed), by operator and by operator and input shape.
+``optimize_for_inference(model, compile=True)`` (docs/speed.md), by operator and by operator and input shape.
 
     python benchmarks/inference_profile.py [--batch 16] [--no-kernel]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time-to-accuracy from a cold start with the shipped recipes (the README's "Results" table): `vitkit bench
+# Time-to-accuracy from a cold start with the shipped recipes (docs/results.md, results/time-to-accuracy.csv): `vitkit bench
 # --time-to-accuracy RUN` runs the row's `vitkit train` command in a fresh process with an empty Inductor cache (a new
 # cache folder for that process; KEEP_CACHE=1 keeps the usual one) and prints top-1, epochs and the wall time.
 # usage: bash benchmarks/time_to_accuracy.sh [digits|fmnist5|fmnist30|cifar30] [more vitkit bench flags]

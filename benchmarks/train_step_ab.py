@@ -1,7 +1,7 @@
 """A/B in one process: the compiled bf16 training step of the 5-minute Fashion-MNIST model (the recipe's
 ``--time-limit 5`` settings) at batch 32 / 64 / 128, with AdamW's fused step (what the trainer uses) and its
 for-each step, timed round-robin on the same number of images per call. This is where "batch 64 costs no more per
-image than 128" and "the fused step is faster" in the README come from.
+image than 128" and "the fused step is faster" come from (docs/speed.md).
 
     python benchmarks/train_step_ab.py [--images 2560] [--repeats 5]
 """

@@ -5,7 +5,7 @@ step time without the profiler.
     python benchmarks/train_step_profile.py [--depth 3] [--hybrid none|conv:32,32] [--batch 128] [--steps 10]
                                             [--precision bf16|fp32]
 
-The defaults are the issue's tutorial model (plain patch-7 ViT, width 128, depth 3, batch 128). Used in the README
+The defaults are the issue's tutorial model (plain patch-7 ViT, width 128, depth 3, batch 128). Used in docs/speed.md
 to explain why the trainer is 2.2-2.5x a plain fp32 loop and not 4x. Not a test: numbers, no assertions.
 """
 import argparse

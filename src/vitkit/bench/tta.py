@@ -1,4 +1,4 @@
-"""Time to accuracy from a cold start, as the README's Results table reports it: ``vitkit train`` with a shipped
+"""Time to accuracy from a cold start, as docs/results.md reports it: ``vitkit train`` with a shipped
 recipe in a fresh process (so Python's and torch's start-up count), with an empty Inductor cache (a new cache
 folder for that process: the user's own cache is left alone), the wall time measured around the process."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ def train_args(name: str, data_dir: str | None = None) -> list[str]:
 
 def time_to_accuracy(name: str, runs_dir: str = "runs", data_dir: str | None = None, keep_cache: bool = False,
                      echo: Callable[[str], None] = lambda line: print(line, end="", flush=True)) -> dict:
-    """Runs one README row's ``vitkit train`` command and returns its final accuracy, epochs, the run's own
+    """Runs one docs/results.md row's ``vitkit train`` command and returns its final accuracy, epochs, the run's own
     elapsed time and the wall time around the process. The run's output is passed to ``echo`` as it comes."""
     out = Path(runs_dir) / f"tta-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = [sys.executable, "-m", "vitkit", "train", *train_args(name, data_dir), "--output", str(out)]

@@ -1,6 +1,6 @@
 """``vitkit bench``: the machine's matmul ceiling, then inference and training img/s of vitkit and its peers
 (timm, Hugging Face, torchvision) on identical weights and inputs, in one process. A table and JSON.
-``vitkit bench --time-to-accuracy RUN``: the README's cold-start time-to-accuracy rows instead."""
+``vitkit bench --time-to-accuracy RUN``: the cold-start time-to-accuracy rows of docs/results.md instead."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-infer", action="store_true", help="skip the inference part")
     p.add_argument("--json", default=None, help="write all rows here")
     p.add_argument("--time-to-accuracy", default=None, metavar="RUN[,RUN]",
-                   help="instead of the throughput runs: the README's time-to-accuracy rows (digits, fmnist5, "
+                   help="instead of the throughput runs: the time-to-accuracy rows of docs/results.md (digits, fmnist5, "
                         "fmnist30, cifar30), each `vitkit train` with the shipped recipe in a fresh process with an "
                         "empty Inductor cache; prints top-1, epochs and wall time. Run nothing else on the machine "
                         "meanwhile")
