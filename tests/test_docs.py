@@ -41,7 +41,8 @@ def run_page(page: Path, cwd: Path) -> None:
                 done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env,
                                       capture_output=True, text=True)
                 print(done.stdout, done.stderr[-3000:], sep="\n")
-                assert done.returncode == 0, f"{page.name}:{line}: exit {done.returncode}\n{code}\n{done.stderr[-3000:]}"
+                assert done.returncode == 0, (
+                    f"{page.name}:{line}: exit {done.returncode}\n{code}\n{done.stderr[-3000:]}")
     finally:
         os.chdir(old)
 
@@ -59,5 +60,6 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
 
 
-if __name__ == "__main__":  # python tests/test_docs.py PAGE.md DIR: run one page in DIR (the figures it draws land there)
+# python tests/test_docs.py PAGE.md DIR: run one page in DIR (the figures it draws land there)
+if __name__ == "__main__":
     run_page(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
