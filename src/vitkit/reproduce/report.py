@@ -1,6 +1,7 @@
 """A claim's figure and summary, from its results.csv alone (so they can be redrawn from committed results)."""
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 from pathlib import Path
@@ -70,7 +71,12 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
              f"**Held equal.** {claim.held_equal}.", "",
              f"**Budget.** {budget_text}; "
              f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
-             "", f"**Machine.** {cpu_kind()}, {usable_cores()} cores; Python {platform.python_version()}.", "",
+             "", f"**Machine.** {cpu_kind()}, {_cores()}; Python {platform.python_version()}.", "",
              f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",
              *table, ""]
     return "\n".join(lines)
+
+
+def _cores() -> str:
+    n = usable_cores()
+    return f"{n} core" + ("s" if n != 1 else "") + ("" if n == (os.cpu_count() or n) else f" of {os.cpu_count()}")
