@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 TIE = 1.10  # more threads must be this much faster to be chosen: a near tie goes to the one that shares better
-BIG_STEP_S = 1.0  # a step this long splits well across cores: all of them, without timing the alternatives
+BIG_STEP_S = 1.0  # a warm step this long on all cores is big: one step on one thread decides (not a full timing)
+HUGE_STEP_S = 4.0  # ... and one this long splits well for certain: all cores, nothing more timed
 
 
 def usable_cores() -> int:
@@ -54,6 +55,12 @@ def time_threads(step: Callable[[], object], counts: list[int], budget_s: float 
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
+def _timed(step: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    step()
+    return time.perf_counter() - t
+
+
 def pick(medians: dict[int, float]) -> int:
     """The fewest threads within ``TIE`` of the fastest."""
     best = min(medians.values())
@@ -78,10 +85,17 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
         torch.set_num_threads(1)
         return 1, "threads: 1 (one core)"
     torch.set_num_threads(cores)
-    t = time.perf_counter()
-    step()
-    if time.perf_counter() - t > BIG_STEP_S:
-        return cores, f"threads: all {cores} cores (a {what} takes over {BIG_STEP_S:g} s: it splits well)"
+    step()  # cold: the first call builds oneDNN's primitives and the allocator's pools
+    t_all = _timed(step)
+    if t_all > BIG_STEP_S:
+        # a big step usually splits well, but one slowed down by another process's threads (two OpenMP teams on the
+        # same cores spin-wait for each other) is fast again on one thread: one such step tells the two apart
+        torch.set_num_threads(1)
+        t_one = _timed(step) if t_all <= HUGE_STEP_S else float("inf")
+        if t_one >= t_all:
+            torch.set_num_threads(cores)
+            return cores, (f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads, "
+                           + (f"{t_one:.1f} s on one: it splits well)" if t_one < float("inf") else "it splits well)"))
     medians = time_threads(step, counts)
     n = pick(medians)
     torch.set_num_threads(n)
