@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reproduce.report import figure, summary
     from ..reproduce.sweep import SweepError
     from ..runtime.cpu import cpu_kind
+    from ..runtime.threads import cores_text
 
     claim = CLAIMS[args.claim]
     if args.budget_min is not None and args.budget_min <= 0:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
           f"machine: {cpu_kind()}", flush=True)
     start = time.time()
     common = {"claim": claim.name, "dataset": dataset, "held_equal": claim.held_equal, "cpu": cpu_kind(),
-              "quick": args.quick}
+              "cores": cores_text(), "quick": args.quick}
     try:
         rows = sweep(runs, out, common, progress=not args.no_progress and sys.stderr.isatty())
     except SweepError as e:

@@ -1,14 +1,13 @@
 """A claim's figure and summary, from its results.csv alone (so they can be redrawn from committed results)."""
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 from pathlib import Path
 from typing import Any
 
 from ..runtime.cpu import cpu_kind
-from ..runtime.threads import usable_cores
+from ..runtime.threads import cores_text
 from .claims import Claim, num
 
 
@@ -24,6 +23,9 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
             pts = sorted((num(r, "train_images"), num(r, "test_top1")) for r in rows if r["model"] == model)
             ax.plot(*zip(*pts), marker="o", label=model)
         ax.set_xscale("log")
+        sizes = sorted({int(num(r, "train_images")) for r in rows})
+        ax.set_xticks(sizes, [f"{n:,}" for n in sizes], minor=False)  # the fractions' sizes, not 10^k and 3x10^3
+        ax.set_xticks([], minor=True)
         ax.set_xlabel("training images (log scale)")
         ax.legend(loc="center right", fontsize=8)
     elif claim.name == "posemb":
@@ -59,7 +61,7 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
 
 def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool, budget_min: float,
             command: str) -> str:
-    cols = [c for c in rows[0] if c not in ("command", "claim", "held_equal", "cpu", "torch")] if rows else []
+    cols = [c for c in rows[0] if c not in ("command", "claim", "held_equal", "cpu", "cores", "torch")] if rows else []
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     total = sum(num(r, "wall_s") for r in rows)
@@ -71,12 +73,16 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
              f"**Held equal.** {claim.held_equal}.", "",
              f"**Budget.** {budget_text}; "
              f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
-             "", f"**Machine.** {cpu_kind()}, {_cores()}; Python {platform.python_version()}.", "",
+             "", f"**Machine.** {machine(rows)}; Python {platform.python_version()}.", "",
              f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",
              *table, ""]
     return "\n".join(lines)
 
 
-def _cores() -> str:
-    n = usable_cores()
-    return f"{n} core" + ("s" if n != 1 else "") + ("" if n == (os.cpu_count() or n) else f" of {os.cpu_count()}")
+def machine(rows: list[dict[str, Any]]) -> str:
+    """The machine the runs recorded (a report drawn again elsewhere must not name the machine it is drawn on);
+    runs from before the cores were recorded get this process's, if they ran on this kind of CPU."""
+    here = cpu_kind()
+    seen = dict.fromkeys(f"{r['cpu']}, {r.get('cores') or (cores_text() if r['cpu'] == here else '')}".rstrip(", ")
+                         for r in rows if r.get("cpu"))
+    return "; ".join(seen) or f"{here}, {cores_text()}"

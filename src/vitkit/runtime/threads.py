@@ -30,6 +30,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cores_text() -> str:
+    """``"2 cores"``, or ``"1 core of 2"`` when the process may use fewer than the machine has (taskset)."""
+    n, total = usable_cores(), os.cpu_count() or usable_cores()
+    return f"{n} core" + ("s" if n != 1 else "") + ("" if n == total else f" of {total}")
+
+
 def candidates(cores: int) -> list[int]:
     """1, half the cores and all of them (without repeats)."""
     return sorted({1, max(1, cores // 2), cores})
