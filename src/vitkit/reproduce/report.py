@@ -44,6 +44,9 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
             ax.annotate(f"patch {r['patch_size']}", (num(r, "train_pflop"), num(r, "test_top1")),
                         textcoords="offset points", xytext=(5, 5))
         ax.set_xscale("log")
+        pflops = sorted(num(r, "train_pflop") for r in rows)
+        ax.set_xticks(pflops, [f"{p:.3g}" for p in pflops], minor=False)  # the runs' own values, not 1.1x10^-1 ...
+        ax.set_xticks([], minor=True)
         ax.set_xlabel("training compute (PFLOP, log scale)")
     else:  # transfer
         names = [r["run"] for r in rows]
