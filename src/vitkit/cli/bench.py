@@ -27,8 +27,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-to-accuracy", default=None, metavar="RUN[,RUN]",
                    help="instead of the throughput runs: the time-to-accuracy rows of docs/results.md (digits, "
                         "fmnist5, fmnist30, cifar30), each `vitkit train` with the shipped recipe in a fresh process "
-                        "with an empty Inductor cache; prints top-1, epochs and wall time. Run nothing else on the machine "
-                        "meanwhile")
+                        "with an empty Inductor cache; prints top-1, epochs and wall time. Run nothing else on the "
+                        "machine meanwhile")
     p.add_argument("--data-dir", default=None, help="time-to-accuracy: the dataset (cifar30: default "
                                                     "../shared/data/cifar10-jpg.zip)")
     p.add_argument("--runs-dir", default="runs", help="time-to-accuracy: where the run folders go")
