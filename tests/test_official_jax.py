@@ -128,6 +128,7 @@ def test_hybrid_resnet_files(tmp_path, layers):
     np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
 
 
+@pytest.mark.slow  # the R+ViT layout is covered by test_hybrid_resnet_files by default; this adds timm's R26
 def test_hybrid_agrees_with_timm_r26(tmp_path):
     """timm's own R26+ViT-S/32 (ResNetV2 with StdConv2dSame) reads the same file and computes the same."""
     import timm

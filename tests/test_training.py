@@ -70,6 +70,8 @@ def test_output_folder_of_another_run_is_never_overwritten(tmp_path, capsys):
     assert (out / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow  # by default the tutorials train on real folders end to end (tests/test_docs.py) and
+# test_data.py checks the recipe choice; this one adds the CIFAR-10 recipe compiled: ~40 s
 def test_folder_dataset_end_to_end_chooses_a_recipe(tmp_path, capsys):
     z = cifar_slice(tmp_path, per_class=8)
     root = str(z) if z else str(write_digits_folder(tmp_path / "f", per_class=8, size=32, mode="RGB"))
@@ -282,6 +284,7 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
     TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
 
 
+@pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)
 def test_sigterm_saves_last_and_resume_auto_continues(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
