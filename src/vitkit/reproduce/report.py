@@ -22,10 +22,7 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
         for model in dict.fromkeys(r["model"] for r in rows):
             pts = sorted((num(r, "train_images"), num(r, "test_top1")) for r in rows if r["model"] == model)
             ax.plot(*zip(*pts), marker="o", label=model)
-        ax.set_xscale("log")
-        sizes = sorted({int(num(r, "train_images")) for r in rows})
-        ax.set_xticks(sizes, [f"{n:,}" for n in sizes], minor=False)  # the fractions' sizes, not 10^k and 3x10^3
-        ax.set_xticks([], minor=True)
+        _log_x_at(ax, sorted({int(num(r, "train_images")) for r in rows}), "{:,}")  # the fractions' sizes
         ax.set_xlabel("training images (log scale)")
         ax.legend(loc="center right", fontsize=8)
     elif claim.name == "posemb":
@@ -43,10 +40,7 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
             ax.scatter(num(r, "train_pflop"), num(r, "test_top1"), s=40)
             ax.annotate(f"patch {r['patch_size']}", (num(r, "train_pflop"), num(r, "test_top1")),
                         textcoords="offset points", xytext=(5, 5))
-        ax.set_xscale("log")
-        pflops = sorted(num(r, "train_pflop") for r in rows)
-        ax.set_xticks(pflops, [f"{p:.3g}" for p in pflops], minor=False)  # the runs' own values, not 1.1x10^-1 ...
-        ax.set_xticks([], minor=True)
+        _log_x_at(ax, sorted(num(r, "train_pflop") for r in rows), "{:.3g}")  # the runs' own compute
         ax.set_xlabel("training compute (PFLOP, log scale)")
     else:  # transfer
         names = [r["run"] for r in rows]
@@ -60,6 +54,13 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _log_x_at(ax, values: list[float], fmt: str) -> None:  # type: ignore[no-untyped-def]
+    """A log x axis labelled at ``values`` only (matplotlib's minor labels, 3x10^3 4x10^3 ..., run into each other)."""
+    ax.set_xscale("log")
+    ax.set_xticks(values, [fmt.format(v) for v in values], minor=False)
+    ax.set_xticks([], minor=True)
 
 
 def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool, budget_min: float,
@@ -86,6 +87,9 @@ def machine(rows: list[dict[str, Any]]) -> str:
     """The machine the runs recorded (a report drawn again elsewhere must not name the machine it is drawn on);
     runs from before the cores were recorded get this process's, if they ran on this kind of CPU."""
     here = cpu_kind()
-    seen = dict.fromkeys(f"{r['cpu']}, {r.get('cores') or (cores_text() if r['cpu'] == here else '')}".rstrip(", ")
-                         for r in rows if r.get("cpu"))
+    seen: dict[str, None] = {}
+    for r in rows:
+        if r.get("cpu"):
+            cores = r.get("cores") or (cores_text() if r["cpu"] == here else "")
+            seen[f"{r['cpu']}, {cores}" if cores else r["cpu"]] = None
     return "; ".join(seen) or f"{here}, {cores_text()}"

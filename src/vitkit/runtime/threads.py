@@ -93,15 +93,17 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
     torch.set_num_threads(cores)
     step()  # cold: the first call builds oneDNN's primitives and the allocator's pools
     t_all = _timed(step)
+    if t_all > HUGE_STEP_S:
+        return cores, f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads: it splits well)"
     if t_all > BIG_STEP_S:
         # a big step usually splits well, but one slowed down by another process's threads (two OpenMP teams on the
         # same cores spin-wait for each other) is fast again on one thread: one such step tells the two apart
         torch.set_num_threads(1)
-        t_one = _timed(step) if t_all <= HUGE_STEP_S else float("inf")
+        t_one = _timed(step)
         if t_one >= t_all:
             torch.set_num_threads(cores)
             return cores, (f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads, "
-                           + (f"{t_one:.1f} s on one: it splits well)" if t_one < float("inf") else "it splits well)"))
+                           f"{t_one:.1f} s on one: it splits well)")
     medians = time_threads(step, counts)
     n = pick(medians)
     torch.set_num_threads(n)
