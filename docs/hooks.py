@@ -28,11 +28,12 @@ def on_files(files, config):  # type: ignore[no-untyped-def]
 
 def csv_table(path: str, cols: str | None, page_uri: str) -> str:
     with open(ROOT / path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    names = cols.split(",") if cols else list(rows[0])
-    missing = [c for c in names if c not in rows[0]]
-    if missing:
-        raise ValueError(f"{path} has no column(s) {missing}; it has {list(rows[0])}")
+        reader = csv.DictReader(f)
+        rows, header = list(reader), reader.fieldnames or []
+    names = cols.split(",") if cols else header
+    missing = [c for c in names if c not in header]
+    if missing or not rows:
+        raise ValueError(f"{path}: " + (f"no column(s) {missing}; it has {header}" if missing else "no rows"))
     cell = lambda v: (v or "").replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(cell(r[c]) for c in names) + " |" for r in rows]
