@@ -2,7 +2,8 @@
 DataLoader of PIL images + ToTensor) and plain loops over in-memory tensors (fp32, bf16 autocast; vitkit's model
 and, where it has the model, timm's).
 
-    python benchmarks/train_throughput.py [--steps 40] [--models 30min 5min tutorial]
+    python benchmarks/train_throughput.py [--steps 40] [--models 30min 5min tutorial] [--precision fp32]
+                                          [--compile true|false]
 
 Models: ``30min`` is the Fashion-MNIST recipe (conv:32,32 stem, depth 6), ``5min`` its short-budget settings
 (depth 3), ``tutorial`` the issue's reference model (plain patch-7 ViT, width 128, depth 3, no stem, batch 128).
@@ -26,6 +27,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--dataset", default="fashion-mnist")
 p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+               help="the trainer's precision (fp32 on a CPU with native bf16 times what a CPU without it runs)")
+p.add_argument("--compile", choices=("auto", "true", "false"), default="auto", help="the trainer's compile setting")
 args = p.parse_args()
 
 data = load_dataset(args.dataset)
@@ -33,7 +37,9 @@ print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} 
 for key in args.models:
     time_limit, model_overrides, overrides = MODELS[key]
     r = recipe(args.dataset, time_limit)
-    cfg = TrainConfig(**{**r, **overrides, "dataset": args.dataset,
+    settings = {"precision": args.precision,
+                "compile": {"true": True, "false": False}.get(args.compile, args.compile)}
+    cfg = TrainConfig(**{**r, **overrides, **settings, "dataset": args.dataset,
                          "model_args": {**r.get("model_args", {}), **model_overrides}})
     print(f"\n[{key}] model: {cfg.model} {cfg.model_args}, batch {cfg.batch_size}")
     ours = vitkit_train_throughput(cfg, data, args.steps)

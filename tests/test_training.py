@@ -270,6 +270,19 @@ def test_recipe_budgets_section_applies_to_short_time_limits_only():
     assert "budgets" in d  # the recipe itself is left as it was
 
 
+def test_recipe_budget_has_settings_for_fp32_on_a_cpu():
+    from vitkit.training.config import for_budget, trains_in_fp32_on_cpu
+
+    d = {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"},
+         "budgets": {10: {"model_args": {"depth": 3}, "cpu_fp32": {"lr": 3.0, "model_args": {"hybrid": "conv:16"}}}}}
+    assert for_budget(d, 5) == {"lr": 1.0, "model_args": {"depth": 3, "hybrid": "conv:32,32"}}
+    assert for_budget(d, 5, cpu_fp32=True) == {"lr": 3.0, "model_args": {"depth": 3, "hybrid": "conv:16"}}
+    assert for_budget(d, 30, cpu_fp32=True) == {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
+    assert trains_in_fp32_on_cpu("fp32", "cpu") and not trains_in_fp32_on_cpu("bf16", "cpu")
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    assert trains_in_fp32_on_cpu("auto", "cpu") == (not native)  # auto: bf16 only where the CPU has it natively
+
+
 def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
     from vitkit.cli.train import _recipe_for_budget
 
@@ -382,3 +395,49 @@ def test_small_grayscale_folders_are_not_flipped_unless_asked(tmp_path, capsys):
         assert "configs/fashion-mnist.yaml" in text
         assert yaml.safe_load((out / "config.yaml").read_text())["hflip"] is flips
         assert ("no horizontal flips" in text) is not flips
+
+
+def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
+    import copy
+
+    import vitkit
+    from vitkit.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_micro_patch4_32", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                                depth=2, hybrid="conv:8")
+    ref = copy.deepcopy(model)
+    cfg = TrainConfig(opt="muon", lr=0.01, weight_decay=0.05)
+    opt = build_optimizer(model, cfg)
+    hidden = [n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim == 2]
+    assert sorted(hidden) == sorted(f"blocks.{i}.{w}.weight" for i in range(2)
+                                    for w in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))
+    # the references: torch's own Muon on the block matrices, torch's AdamW on the rest, with the same groups
+    named = dict(ref.named_parameters())
+    ref_muon = torch.optim.Muon([named[n] for n in hidden], lr=0.01, weight_decay=0.05,
+                                adjust_lr_fn="match_rms_adamw")
+    no_decay = {n for n, p in named.items() if p.ndim <= 1} | {"pos_embed", "cls_token"}
+    ref_adamw = torch.optim.AdamW(
+        [{"params": [p for n, p in named.items() if n not in hidden and n not in no_decay], "weight_decay": 0.05},
+         {"params": [named[n] for n in named if n in no_decay], "weight_decay": 0.0}], lr=0.01, fused=True)
+    x, y = torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    for m, step in ((model, opt.step), (ref, lambda: (ref_muon.step(), ref_adamw.step()))):
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            step()
+            for p in m.parameters():
+                p.grad = None
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, msg=lambda s: f"{name}: {s}")
+    state = opt.state_dict()  # resumable: the state of both goes into train_state.pt
+    again = build_optimizer(model, cfg)
+    again.load_state_dict(state)
+    assert again.muon.state_dict()["state"].keys() == state["muon"]["state"].keys()
+    with pytest.raises(ValueError, match="trained with another --opt"):
+        again.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
+
+
+def test_muon_trains_digits_from_the_cli(tmp_path, capsys):
+    assert main(["train", "--opt", "muon", "--epochs", "3", "--output", str(tmp_path / "run")]) == 0
+    top1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["val_top1"]
+    assert top1 > 30  # 10 classes: chance is 10%

@@ -28,7 +28,7 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--body-lr-scale",): ("body_lr_scale", float, "LR of all but the head relative to --lr (fine-tuning)"),
     ("--weight-decay",): ("weight_decay", float, "AdamW/SGD weight decay (not on norms, biases, pos/cls)"),
     ("--warmup-epochs",): ("warmup_epochs", float, "linear warmup"),
-    ("--opt",): ("opt", str, "adamw | sgd"),
+    ("--opt",): ("opt", str, "adamw | sgd | muon (torch.optim.Muon for the blocks' weight matrices, AdamW for the rest)"),
     ("--momentum",): ("momentum", float, "SGD momentum"),
     ("--smoothing",): ("smoothing", float, "label smoothing"),
     ("--mixup",): ("mixup", float, "MixUp alpha (0 = off)"),
@@ -80,7 +80,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
     from ..data.datasets import default_cache_dir, load_dataset
     from ..training.checkpoint import recover_run
-    from ..training.config import TrainConfig, read_yaml, safe_yaml
+    from ..training.config import TrainConfig, read_yaml, recipe, safe_yaml, trains_in_fp32_on_cpu
     from ..training.recipes import choose_recipe, flips_change_labels
     from ..interop.pretrained import init_image_size
 
@@ -123,7 +123,9 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
             print(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no "
                   "weight decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings "
                   "resampled to the training size; a --config file or flags override it)")
-        merged.update({k: v for k, v in _recipe_for_budget(name, time_limit).items() if k != "dataset"})
+        settings = {**recipe(name), **file_cfg, **given}  # precision and device decide the budget's fp32 settings
+        cpu_fp32 = trains_in_fp32_on_cpu(settings.get("precision", "fp32"), settings.get("device", "auto"))
+        merged.update({k: v for k, v in _recipe_for_budget(name, time_limit, cpu_fp32).items() if k != "dataset"})
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
@@ -149,17 +151,19 @@ def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool) -> N
               "images would give fewer than 8 optimiser steps an epoch")
 
 
-def _recipe_for_budget(name: str, time_limit: float | None) -> dict[str, Any]:
-    """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed."""
+def _recipe_for_budget(name: str, time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
+    """configs/<name>.yaml with its settings for ``time_limit`` minutes (in fp32 on a CPU: ``cpu_fp32``), saying
+    what the budget changed."""
     from ..training.config import TrainConfig, recipe
 
-    full, short = recipe(name), recipe(name, time_limit)
+    full, short = recipe(name), recipe(name, time_limit, cpu_fp32)
     defaults = TrainConfig().to_dict()  # a key the recipe leaves to the default (eval_every 1) says so
     flat = [(k, full.get(k, defaults.get(k)), v) for k, v in short.items() if k != "model_args"] + \
            [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
     changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
     if changed:
-        print(f"recipe configs/{name}.yaml for --time-limit {time_limit:g}: {', '.join(changed)}")
+        where = " in fp32 on this CPU" if short != recipe(name, time_limit) else ""
+        print(f"recipe configs/{name}.yaml for --time-limit {time_limit:g}{where}: {', '.join(changed)}")
     return short
 
 

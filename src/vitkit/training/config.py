@@ -12,7 +12,8 @@ import yaml
 from ..data.datasets import DATASETS
 from ..model.config import ViTConfig
 from ..model.fields import check_keys, check_range, coerce_fields
-from ..runtime.precision import PRECISIONS
+from ..runtime.device import resolve_device
+from ..runtime.precision import PRECISIONS, resolve_precision
 from .evaluate import EVAL_BATCH_SIZE
 
 
@@ -35,7 +36,7 @@ class TrainConfig:
     epochs: int = 30
     batch_size: int = 128
     grad_accum: int = 1
-    opt: str = "adamw"
+    opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
     lr: float = 1e-3
     body_lr_scale: float = 1.0  # LR of everything but the head, relative to --lr (fine-tuning)
     min_lr: float = 1e-5
@@ -69,7 +70,7 @@ class TrainConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_keys(self.model_args, "model override", ViTConfig)
-        choices = {"opt": ("adamw", "sgd"), "precision": PRECISIONS,
+        choices = {"opt": ("adamw", "sgd", "muon"), "precision": PRECISIONS,
                    "aa": (None, "rand", "trivial")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
@@ -121,26 +122,38 @@ def safe_yaml(path: Path) -> Any:
         raise ValueError(f"{path}: cannot be read ({e})") from None
 
 
-def recipe(name: str, time_limit: float | None = None) -> dict[str, Any]:
+def recipe(name: str, time_limit: float | None = None, cpu_fp32: bool = False) -> dict[str, Any]:
     """The shipped recipe ``configs/<name>.yaml`` (the per-dataset defaults), or {} if there is none.
 
     A recipe may hold settings for short budgets under ``budgets: {MINUTES: {key: value, ...}}``: with
     ``time_limit`` <= MINUTES they replace the recipe's own (the smallest such MINUTES wins; ``model_args`` merge
-    key by key), since what trains best in 5 minutes is not what trains best in 30.
+    key by key), since what trains best in 5 minutes is not what trains best in 30. A budget's ``cpu_fp32:``
+    section is laid over it when training runs in fp32 on a CPU (``cpu_fp32``), where a step costs 2-4x what it
+    costs with native bf16, so fewer epochs fit the budget.
     """
     f = resources.files("vitkit") / "configs" / f"{name}.yaml"
-    return for_budget(yaml.safe_load(f.read_text()) or {} if f.is_file() else {}, time_limit)
+    return for_budget(yaml.safe_load(f.read_text()) or {} if f.is_file() else {}, time_limit, cpu_fp32)
 
 
-def for_budget(d: dict[str, Any], time_limit: float | None) -> dict[str, Any]:
-    """``d`` without its ``budgets`` section, that section's settings for ``time_limit`` minutes laid over it."""
+def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
+    """``d`` without its ``budgets`` section, that section's settings for ``time_limit`` minutes laid over it (and
+    their ``cpu_fp32`` section over those when ``cpu_fp32``)."""
     d = dict(d)
     budgets = d.pop("budgets", None) or {}
     fits = sorted((float(m), m) for m in budgets if time_limit is not None and time_limit <= float(m))
     if not fits:
         return d
-    short = budgets[fits[0][1]]
-    return {**d, **short, "model_args": {**d.get("model_args", {}), **short.get("model_args", {})}}
+    short = dict(budgets[fits[0][1]])
+    fp32 = short.pop("cpu_fp32", None) or {}
+    for layer in (short, fp32 if cpu_fp32 else {}):
+        d = {**d, **layer, "model_args": {**d.get("model_args", {}), **layer.get("model_args", {})}}
+    return d
+
+
+def trains_in_fp32_on_cpu(precision: str, device: str) -> bool:
+    """Whether a run with these ``precision`` and ``device`` settings (``auto`` allowed) computes in fp32 on a CPU."""
+    dev = resolve_device(device)
+    return dev.type == "cpu" and resolve_precision(precision, dev) == "fp32"
 
 
 def list_recipes() -> list[str]:
