@@ -60,6 +60,22 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
 
 
+def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    f = tmp_path / "r.csv"
+    f.write_text("task,cpu_kind,top1\nfmnist 5 min,amx,92.1\nfmnist 5 min,amx,92.2\nfmnist 5 min,avx2,88.0\n"
+                 "cifar,avx2,76.3\n")
+    table = hooks.csv_pivot(str(f), "task", "cpu_kind", "top1", "results.md").split("\n\n")[0]
+    assert table.splitlines() == ["| task | amx | avx2 |", "|---|---|---|", "| fmnist 5 min | 92.1; 92.2 | 88.0 |",
+                                  "| cifar | – | 76.3 |"]
+    with pytest.raises(ValueError, match=r"r.csv: no column\(s\) \['cpu'\]"):
+        hooks.csv_pivot(str(f), "task", "cpu", "top1", "results.md")
+
+
 # python tests/test_docs.py PAGE.md DIR: run one page in DIR (the figures it draws land there)
 if __name__ == "__main__":
     run_page(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())

@@ -28,7 +28,7 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--body-lr-scale",): ("body_lr_scale", float, "LR of all but the head relative to --lr (fine-tuning)"),
     ("--weight-decay",): ("weight_decay", float, "AdamW/SGD weight decay (not on norms, biases, pos/cls)"),
     ("--warmup-epochs",): ("warmup_epochs", float, "linear warmup"),
-    ("--opt",): ("opt", str, "adamw | sgd | muon (torch.optim.Muon for the blocks' weight matrices, AdamW for the rest)"),
+    ("--opt",): ("opt", str, "adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)"),
     ("--momentum",): ("momentum", float, "SGD momentum"),
     ("--smoothing",): ("smoothing", float, "label smoothing"),
     ("--mixup",): ("mixup", float, "MixUp alpha (0 = off)"),

@@ -1,0 +1,90 @@
+"""A/B in one process: ways to speed up an fp32 training step on a CPU, against the plain loop (eager, AdamW's
+default for-each step), on a fixed batch, timed round-robin. What docs/speed.md says about the fp32 step comes
+from here.
+
+    python benchmarks/train_fp32_ab.py [--depth 6] [--hybrid conv:32,32|none] [--batch 128]
+                                       [--variants plain fused channels_last compiled compiled_exact whole_step]
+                                       [--csv results/train-fp32-ab.csv]
+
+Variants: ``fused`` AdamW's fused step; ``channels_last`` that and NHWC activations for the conv stem; ``compiled``
+torch.compile of the model (what the trainer does) and the fused step; ``compiled_exact`` that with the exact
+attention path (two matmuls and a softmax, fused by Inductor) instead of SDPA; ``whole_step`` forward, backward
+(compiled autograd) and the optimizer step captured by one torch.compile. Not a test: numbers, no assertions.
+"""
+import argparse
+import csv
+import os
+import shlex
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo import compiled_autograd
+
+import vitkit
+from _helpers import fashion_mnist_vit_config
+from vitkit.bench.timing import interleaved_throughput
+from vitkit.runtime.cpu import cpu_kind
+from vitkit.runtime.threads import cores_text
+
+VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step")
+p = argparse.ArgumentParser()
+p.add_argument("--depth", type=int, default=6)
+p.add_argument("--hybrid", default="conv:32,32", help="the conv stem (the recipes: conv:32,32), or 'none'")
+p.add_argument("--batch", type=int, default=128)
+p.add_argument("--steps", type=int, default=8, help="training steps per timed call")
+p.add_argument("--repeats", type=int, default=5)
+p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
+args = p.parse_args()
+
+cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
+x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+
+
+def make(variant: str):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = vitkit.VisionTransformer(cfg)
+    inputs = x
+    if variant == "channels_last":
+        model, inputs = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    if variant == "compiled_exact":
+        model.set_attention("exact")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=variant != "plain")
+    forward = torch.compile(model) if variant.startswith("compiled") else model
+
+    def step() -> None:
+        F.cross_entropy(forward(inputs), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    if variant == "whole_step":
+        compiled_step = torch.compile(step)
+
+        def step() -> None:  # noqa: F811
+            with compiled_autograd._enable(torch.compile(dynamic=False)):
+                compiled_step()
+
+    def run() -> None:
+        for _ in range(args.steps):
+            step()
+    return run
+
+
+print(f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch.get_num_threads()} threads, "
+      f"torch {torch.__version__}", flush=True)
+rates = interleaved_throughput([make(v) for v in args.variants], args.steps * args.batch, warmup=2,
+                               repeats=args.repeats)
+model = f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
+rows = [{"cpu": f"{cpu_kind()} ({cores_text()})", "model": model, "variant": v, "img_per_s": round(r, 1),
+         "vs_plain_loop": round(r / rates[0], 2), "command": shlex.join(["python", *sys.argv])}
+        for v, r in zip(args.variants, rates)]
+for row in rows:
+    print(f"{row['variant']:16s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x the plain loop")
+if args.csv:
+    new = not os.path.exists(args.csv)
+    with open(args.csv, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            w.writeheader()
+        w.writerows(rows)
