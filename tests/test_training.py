@@ -295,6 +295,10 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
             "depth 6 -> 3"
             in capsys.readouterr().out)
     TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
+    fp32 = _recipe_for_budget("fashion-mnist", 5, cpu_fp32=True)
+    assert fp32 == {**short, "opt": "muon"}
+    out = capsys.readouterr().out
+    assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out
 
 
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)
