@@ -90,6 +90,14 @@ def test_compile_auto_compiles_where_it_pays():
         should_compile("yes", CPU, "fp32", None)
 
 
+def test_training_attention_path_is_the_measured_faster_one():
+    from vitkit.runtime.compile import training_attention
+
+    assert training_attention(CPU, "bf16") == "exact"  # fused CPU attention is slow in bf16 backward
+    assert training_attention(CPU, "fp32") == "sdpa" and training_attention(CPU, "fp32", compiled=True) == "exact"
+    assert training_attention(torch.device("cuda"), "bf16", compiled=True) == "sdpa"
+
+
 def test_compile_auto_is_the_recipes_choice_and_checked_in_the_config():
     assert recipe("fashion-mnist")["compile"] == "auto" and recipe("cifar10")["compile"] == "auto"
     assert TrainConfig(compile="auto").compile == "auto"

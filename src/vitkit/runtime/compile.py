@@ -16,16 +16,19 @@ def has_cxx_compiler() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-def training_attention(device: torch.device, precision: str) -> str:
+def training_attention(device: torch.device, precision: str, compiled: bool = False) -> str:
     """The attention implementation for a training step. PyTorch's fused CPU attention is slow in bf16 *backward*
     (60% of a bf16 step for a 28 px / patch 4 / width 128 ViT); the exact path (two matmuls and a softmax) made the
-    whole step 2.3x faster there. Everywhere else SDPA."""
-    return "exact" if device.type == "cpu" and precision == "bf16" else "sdpa"
+    whole step 2.3x faster there. Compiled in fp32 on a CPU the exact path, fused by Inductor, was 2-3% faster than
+    SDPA too (1.25 vs 1.22x and 1.19 vs 1.17x a plain loop, benchmarks/train_fp32_ab.py); eager fp32 keeps SDPA
+    (the exact path was slower there). Everywhere else SDPA."""
+    return "exact" if device.type == "cpu" and (precision == "bf16" or compiled) else "sdpa"
 
 
-def configure_for_training(model: nn.Module, device: torch.device, precision: str) -> None:
-    """Set ``model``'s attention implementation for training on ``device`` in ``precision``."""
-    set_attention(model, training_attention(device, precision))
+def configure_for_training(model: nn.Module, device: torch.device, precision: str, compiled: bool = False) -> None:
+    """Set ``model``'s attention implementation for a training step on ``device`` in ``precision`` (``compiled``:
+    the step goes through torch.compile)."""
+    set_attention(model, training_attention(device, precision, compiled))
 
 
 SHORT_BUDGET_MIN = 3.0  # below this a cold compile (~30-40 s on 2 cores) eats more of the budget than it gives back

@@ -57,10 +57,10 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     """``model`` as the training step calls it: the attention path for ``precision`` on ``device``, wrapped in DDP
     when there are several processes, compiled as ``cfg.compile`` says (``auto``: where it pays, runtime/compile.py).
     Its parameters are ``model``'s own."""
-    configure_for_training(model, device, precision)
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     compile_it, why = should_compile(cfg.compile, device, precision, cfg.time_limit)
     if cfg.compile == "auto":
         log(why)
+    configure_for_training(model, device, precision, compiled=compile_it)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return compile_for_training(model, device, log) if compile_it else model
