@@ -301,6 +301,20 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
     assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out
 
 
+def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32(capsys):
+    from vitkit.cli.main import build_parser
+    from vitkit.cli.train import resolve_config
+
+    def config(*flags: str) -> TrainConfig:
+        return resolve_config(build_parser().parse_args(["train", "--dataset", "fashion-mnist", *flags]))[0]
+
+    assert config("--time-limit", "5", "--precision", "fp32").opt == "muon"
+    assert "in fp32 on this CPU: " in capsys.readouterr().out
+    assert config("--time-limit", "5", "--precision", "fp32", "--opt", "adamw").opt == "adamw"  # a flag wins
+    assert config("--time-limit", "5", "--precision", "bf16").opt == "adamw"
+    assert config("--time-limit", "30", "--precision", "fp32").opt == "adamw"  # the budget section is for <= 10
+
+
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)
 def test_sigterm_saves_last_and_resume_auto_continues(tmp_path):
     out = tmp_path / "run"
