@@ -86,6 +86,9 @@ def test_compile_auto_compiles_where_it_pays():
     assert should_compile("auto", CPU, "bf16", 2.0)[0] is False  # a budget too short to win the compile back
     assert should_compile(True, CPU, "fp32", 2.0) == (True, "torch.compile on (as configured)")
     assert should_compile(False, torch.device("cuda"), "bf16", None)[0] is False
+    for precision in ("fp32", "bf16"):  # GPUs compile whatever the precision and budget
+        assert should_compile("auto", torch.device("cuda"), precision, None) == (
+            True, f"compile auto -> on ({precision} on cuda)")
     with pytest.raises(ValueError, match="true, false or auto"):
         should_compile("yes", CPU, "fp32", None)
 

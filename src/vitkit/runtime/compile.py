@@ -61,8 +61,10 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
     if time_limit is not None and time_limit < SHORT_BUDGET_MIN:
         return False, (f"compile auto -> off: a {time_limit:g}-minute budget is too short to win back ~35 s of "
                        "compiling")
-    what = "a CPU with AMX" if precision == "bf16" else f"a {time_limit:g}-minute budget"
-    return True, f"compile auto -> on ({precision} on {what if device.type == 'cpu' else device.type})"
+    if device.type != "cpu":
+        return True, f"compile auto -> on ({precision} on {device.type})"
+    what = "a CPU with AMX" if precision == "bf16" else f"a {time_limit:g}-minute budget"  # fp32: a long budget
+    return True, f"compile auto -> on ({precision} on {what})"
 
 
 def compile_for_training(model: nn.Module, device: torch.device,
