@@ -288,14 +288,14 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
 
     assert _recipe_for_budget("fashion-mnist", 30)["model_args"]["depth"] == 6
     assert capsys.readouterr().out == ""
-    short = _recipe_for_budget("fashion-mnist", 5)
+    short = _recipe_for_budget("fashion-mnist", 5, {"precision": "bf16"})  # not fp32 on a CPU, on any machine
     assert short["model_args"]["depth"] == 3 and short["smoothing"] == 0.0 and "budgets" not in short
     assert short["batch_size"] == 64 and short["lr"] == 0.0007 and short["eval_every"] == 5
     assert ("--time-limit 5: batch_size 128 -> 64, lr 0.001 -> 0.0007, smoothing 0.1 -> 0.0, eval_every 1 -> 5, "
             "depth 6 -> 3"
             in capsys.readouterr().out)
     TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
-    fp32 = _recipe_for_budget("fashion-mnist", 5, cpu_fp32=True)
+    fp32 = _recipe_for_budget("fashion-mnist", 5, {"precision": "fp32", "device": "cpu"})
     assert fp32 == {**short, "opt": "muon"}
     out = capsys.readouterr().out
     assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out

@@ -80,7 +80,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
     from ..data.datasets import default_cache_dir, load_dataset
     from ..training.checkpoint import recover_run
-    from ..training.config import TrainConfig, read_yaml, recipe, safe_yaml, trains_in_fp32_on_cpu
+    from ..training.config import TrainConfig, read_yaml, safe_yaml
     from ..training.recipes import choose_recipe, flips_change_labels
     from ..interop.pretrained import init_image_size
 
@@ -123,9 +123,8 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
             print(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no "
                   "weight decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings "
                   "resampled to the training size; a --config file or flags override it)")
-        settings = {**recipe(name), **file_cfg, **given}  # precision and device decide the budget's fp32 settings
-        cpu_fp32 = trains_in_fp32_on_cpu(settings.get("precision", "fp32"), settings.get("device", "auto"))
-        merged.update({k: v for k, v in _recipe_for_budget(name, time_limit, cpu_fp32).items() if k != "dataset"})
+        short = _recipe_for_budget(name, time_limit, {**file_cfg, **given})
+        merged.update({k: v for k, v in short.items() if k != "dataset"})
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
@@ -151,18 +150,22 @@ def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool) -> N
               "images would give fewer than 8 optimiser steps an epoch")
 
 
-def _recipe_for_budget(name: str, time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
-    """configs/<name>.yaml with its settings for ``time_limit`` minutes (in fp32 on a CPU: ``cpu_fp32``), saying
-    what the budget changed."""
-    from ..training.config import TrainConfig, recipe
+def _recipe_for_budget(name: str, time_limit: float | None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed. The
+    precision and device of ``settings`` (the user's config file and flags) over the recipe's decide whether the run
+    computes in fp32 on a CPU, and so whether the budget's ``cpu_fp32`` section applies."""
+    from ..training.config import TrainConfig, for_budget, read_recipe, trains_in_fp32_on_cpu
 
-    full, short = recipe(name), recipe(name, time_limit, cpu_fp32)
+    written = read_recipe(name)
+    full, plain = for_budget(written, None), for_budget(written, time_limit)
     defaults = TrainConfig().to_dict()  # a key the recipe leaves to the default (eval_every 1) says so
+    run = {**defaults, **full, **(settings or {})}
+    short = for_budget(written, time_limit, trains_in_fp32_on_cpu(run["precision"], run["device"]))
     flat = [(k, full.get(k, defaults.get(k)), v) for k, v in short.items() if k != "model_args"] + \
            [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
     changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
     if changed:
-        where = " in fp32 on this CPU" if short != recipe(name, time_limit) else ""
+        where = " in fp32 on this CPU" if short != plain else ""
         print(f"recipe configs/{name}.yaml for --time-limit {time_limit:g}{where}: {', '.join(changed)}")
     return short
 

@@ -131,8 +131,13 @@ def recipe(name: str, time_limit: float | None = None, cpu_fp32: bool = False) -
     section is laid over it when training runs in fp32 on a CPU (``cpu_fp32``), where a step costs 2-4x what it
     costs with native bf16, so fewer epochs fit the budget.
     """
+    return for_budget(read_recipe(name), time_limit, cpu_fp32)
+
+
+def read_recipe(name: str) -> dict[str, Any]:
+    """``configs/<name>.yaml`` as written, ``budgets`` section and all ({} if there is no such recipe)."""
     f = resources.files("vitkit") / "configs" / f"{name}.yaml"
-    return for_budget(yaml.safe_load(f.read_text()) or {} if f.is_file() else {}, time_limit, cpu_fp32)
+    return yaml.safe_load(f.read_text()) or {} if f.is_file() else {}
 
 
 def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
