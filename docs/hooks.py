@@ -29,15 +29,17 @@ def on_files(files, config):  # type: ignore[no-untyped-def]
     return files
 
 
-def read_csv(path: str, cols: list[str]) -> list[dict[str, str]]:
-    """The rows of ``path`` (relative to the project), checked to have ``cols`` and at least one row."""
+def read_csv(path: str, cols: list[str] | None = None) -> tuple[list[str], list[dict[str, str]]]:
+    """The columns ``cols`` (default: all) and the rows of ``path`` (relative to the project), checked to have those
+    columns and at least one row."""
     with open(ROOT / path, newline="") as f:
         reader = csv.DictReader(f)
         rows, header = list(reader), reader.fieldnames or []
-    missing = [c for c in cols if c not in header]
+    names = cols or header
+    missing = [c for c in names if c not in header]
     if missing or not rows:
         raise ValueError(f"{path}: " + (f"no column(s) {missing}; it has {header}" if missing else "no rows"))
-    return rows
+    return names, rows
 
 
 def markdown_table(names: list[str], rows: list[list[str]], path: str, page_uri: str) -> str:
@@ -49,17 +51,14 @@ def markdown_table(names: list[str], rows: list[list[str]], path: str, page_uri:
 
 
 def csv_table(path: str, cols: str | None, page_uri: str) -> str:
-    with open(ROOT / path, newline="") as f:
-        header = next(csv.reader(f), [])
-    names = cols.split(",") if cols else header
-    rows = read_csv(path, names)
+    names, rows = read_csv(path, cols.split(",") if cols else None)
     return markdown_table(names, [[r[c] for c in names] for r in rows], path, page_uri)
 
 
 def csv_pivot(path: str, row: str, col: str, value: str, page_uri: str) -> str:
     """One table row per ``row`` value, one column per ``col`` value (in the CSV's order); several rows with the
     same pair (repeated runs) share a cell, their values joined by "; "; a pair without rows is "–"."""
-    rows = read_csv(path, [row, col, value])
+    _, rows = read_csv(path, [row, col, value])
     keys = list(dict.fromkeys(r[row] for r in rows))
     cols = list(dict.fromkeys(r[col] for r in rows))
     cells: dict[tuple[str, str], list[str]] = {}
