@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
 import vitkit
-from _helpers import fashion_mnist_vit_config
+from _helpers import fashion_mnist_vit_config, steps_on_one_batch
 from vitkit.bench.timing import interleaved_throughput
 from vitkit.runtime.cpu import cpu_kind
 from vitkit.runtime.threads import cores_text
@@ -51,23 +51,20 @@ def make(variant: str):  # type: ignore[no-untyped-def]
     if variant == "compiled_exact":
         model.set_attention("exact")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=variant != "plain")
-    forward = torch.compile(model) if variant.startswith("compiled") else model
+    if variant != "whole_step":
+        forward = torch.compile(model) if variant.startswith("compiled") else model
+        return steps_on_one_batch(forward, opt, inputs, y, args.steps, precision="fp32")
 
+    @torch.compile
     def step() -> None:
-        F.cross_entropy(forward(inputs), y).backward()
+        F.cross_entropy(model(inputs), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    if variant == "whole_step":
-        compiled_step = torch.compile(step)
-
-        def step() -> None:  # noqa: F811
-            with compiled_autograd._enable(torch.compile(dynamic=False)):
-                compiled_step()
-
     def run() -> None:
         for _ in range(args.steps):
-            step()
+            with compiled_autograd._enable(torch.compile(dynamic=False)):  # the backward inside the same capture
+                step()
     return run
 
 
