@@ -273,11 +273,16 @@ def test_recipe_budgets_section_applies_to_short_time_limits_only():
 def test_recipe_budget_has_settings_for_fp32_on_a_cpu():
     from vitkit.training.config import for_budget, trains_in_fp32_on_cpu
 
-    d = {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"},
+    d = {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}, "cpu_fp32": {"opt": "muon", "lr": 5.0},
          "budgets": {10: {"model_args": {"depth": 3}, "cpu_fp32": {"lr": 3.0, "model_args": {"hybrid": "conv:16"}}}}}
     assert for_budget(d, 5) == {"lr": 1.0, "model_args": {"depth": 3, "hybrid": "conv:32,32"}}
-    assert for_budget(d, 5, cpu_fp32=True) == {"lr": 3.0, "model_args": {"depth": 3, "hybrid": "conv:16"}}
-    assert for_budget(d, 30, cpu_fp32=True) == {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
+    # the recipe's cpu_fp32 < the budget < the budget's cpu_fp32
+    assert for_budget(d, 5, cpu_fp32=True) == {"lr": 3.0, "opt": "muon",
+                                               "model_args": {"depth": 3, "hybrid": "conv:16"}}
+    for limit in (30, None):
+        assert for_budget(d, limit, cpu_fp32=True) == {"lr": 5.0, "opt": "muon",
+                                                       "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
+        assert for_budget(d, limit) == {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
     assert trains_in_fp32_on_cpu("fp32", "cpu") and not trains_in_fp32_on_cpu("bf16", "cpu")
     native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
     assert trains_in_fp32_on_cpu("auto", "cpu") == (not native)  # auto: bf16 only where the CPU has it natively
@@ -286,7 +291,7 @@ def test_recipe_budget_has_settings_for_fp32_on_a_cpu():
 def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
     from vitkit.cli.train import _recipe_for_budget
 
-    assert _recipe_for_budget("fashion-mnist", 30)["model_args"]["depth"] == 6
+    assert _recipe_for_budget("fashion-mnist", 30, {"precision": "bf16"})["model_args"]["depth"] == 6
     assert capsys.readouterr().out == ""
     short = _recipe_for_budget("fashion-mnist", 5, {"precision": "bf16"})  # not fp32 on a CPU, on any machine
     assert short["model_args"]["depth"] == 3 and short["smoothing"] == 0.0 and "budgets" not in short
@@ -312,7 +317,12 @@ def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32
     assert "in fp32 on this CPU: " in capsys.readouterr().out
     assert config("--time-limit", "5", "--precision", "fp32", "--opt", "adamw").opt == "adamw"  # a flag wins
     assert config("--time-limit", "5", "--precision", "bf16").opt == "adamw"
-    assert config("--time-limit", "30", "--precision", "fp32").opt == "adamw"  # the budget section is for <= 10
+    assert config("--time-limit", "30", "--precision", "bf16").opt == "adamw"
+    capsys.readouterr()
+    for limit in (("--time-limit", "30"), ()):  # the recipe's own cpu_fp32 section: any budget, or none
+        cfg = config(*limit, "--precision", "fp32")
+        assert cfg.opt == "muon" and cfg.model_args["depth"] == 6 and cfg.batch_size == 128
+        assert "in fp32 on this CPU: opt adamw -> muon" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)

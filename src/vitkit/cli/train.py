@@ -165,8 +165,9 @@ def _recipe_for_budget(name: str, time_limit: float | None, settings: dict[str, 
            [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
     changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
     if changed:
+        budget = f" for --time-limit {time_limit:g}" if time_limit is not None else ""
         where = " in fp32 on this CPU" if short != plain else ""
-        print(f"recipe configs/{name}.yaml for --time-limit {time_limit:g}{where}: {', '.join(changed)}")
+        print(f"recipe configs/{name}.yaml{budget}{where}: {', '.join(changed)}")
     return short
 
 

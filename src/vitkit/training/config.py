@@ -127,9 +127,9 @@ def recipe(name: str, time_limit: float | None = None, cpu_fp32: bool = False) -
 
     A recipe may hold settings for short budgets under ``budgets: {MINUTES: {key: value, ...}}``: with
     ``time_limit`` <= MINUTES they replace the recipe's own (the smallest such MINUTES wins; ``model_args`` merge
-    key by key), since what trains best in 5 minutes is not what trains best in 30. A budget's ``cpu_fp32:``
-    section is laid over it when training runs in fp32 on a CPU (``cpu_fp32``), where a step costs 2-4x what it
-    costs with native bf16, so fewer epochs fit the budget.
+    key by key), since what trains best in 5 minutes is not what trains best in 30. A ``cpu_fp32:`` section, in
+    the recipe or in a budget, is laid over it when training runs in fp32 on a CPU (``cpu_fp32``), where a step
+    costs 2-4x what it costs with native bf16, so fewer epochs fit the budget.
     """
     return for_budget(read_recipe(name), time_limit, cpu_fp32)
 
@@ -141,16 +141,15 @@ def read_recipe(name: str) -> dict[str, Any]:
 
 
 def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
-    """``d`` without its ``budgets`` section, that section's settings for ``time_limit`` minutes laid over it (and
-    their ``cpu_fp32`` section over those when ``cpu_fp32``)."""
+    """``d`` without its ``budgets`` and ``cpu_fp32`` sections; laid over it, in this order: its ``cpu_fp32``
+    section (when ``cpu_fp32``), the budget's settings for ``time_limit`` minutes, that budget's ``cpu_fp32``
+    section (when ``cpu_fp32``)."""
     d = dict(d)
-    budgets = d.pop("budgets", None) or {}
+    budgets, fp32 = d.pop("budgets", None) or {}, d.pop("cpu_fp32", None) or {}
     fits = sorted((float(m), m) for m in budgets if time_limit is not None and time_limit <= float(m))
-    if not fits:
-        return d
-    short = dict(budgets[fits[0][1]])
-    fp32 = short.pop("cpu_fp32", None) or {}
-    for layer in (short, fp32 if cpu_fp32 else {}):
+    short = dict(budgets[fits[0][1]]) if fits else {}
+    short_fp32 = short.pop("cpu_fp32", None) or {}
+    for layer in (fp32, short, short_fp32) if cpu_fp32 else (short,):
         d = {**d, **layer, "model_args": {**d.get("model_args", {}), **layer.get("model_args", {})}}
     return d
 
