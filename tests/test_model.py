@@ -176,7 +176,8 @@ def test_conv_hybrid_stem_is_conv_bn_relu_at_full_resolution_then_patches():
     for conv, bn in ((bb[0], bb[1]), (bb[3], bb[4])):
         h = F.relu(F.batch_norm(F.conv2d(h, conv.weight, padding=1), bn.running_mean, bn.running_var, bn.weight,
                                 bn.bias, eps=bn.eps))
-    tokens = F.conv2d(h, model.patch_embed.proj.weight, model.patch_embed.proj.bias, stride=4).flatten(2).transpose(1, 2)
+    proj = model.patch_embed.proj
+    tokens = F.conv2d(h, proj.weight, proj.bias, stride=4).flatten(2).transpose(1, 2)
     assert torch.allclose(model.patch_embed(x), tokens, atol=1e-6)
     for bad in ("conv:", "conv:8,x", "conv:0", "conv:M"):
         with pytest.raises(ValueError, match="conv:32,64"):

@@ -81,7 +81,8 @@ def test_compile_auto_compiles_where_it_pays():
     assert should_compile("auto", CPU, "fp32", 2.0)[0] is False  # a budget too short to win the compile back
     for minutes in (5.0, 30.0):
         on, why = should_compile("auto", CPU, "fp32", minutes)
-        assert on == has_cxx_compiler() and (not on or why == f"compile auto -> on (fp32 on a {minutes:g}-minute budget)")
+        assert on == has_cxx_compiler()
+        assert not on or why == f"compile auto -> on (fp32 on a {minutes:g}-minute budget)"
     on, why = should_compile("auto", CPU, "bf16", None)
     assert on == (has_cxx_compiler() and cpu_has_amx()) and why.startswith("compile auto -> " + ("on" if on else "off"))
     assert should_compile("auto", CPU, "bf16", 2.0)[0] is False  # a budget too short to win the compile back
