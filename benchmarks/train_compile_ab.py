@@ -5,6 +5,7 @@ timed round-robin; also the time of each variant's compile and first call (the l
 earlier ones put in Inductor's cache, so only the differences are meaningful).
 
     python benchmarks/train_compile_ab.py [--depth 3] [--hybrid conv:32,32|none] [--batch 128] [--steps 20]
+                                          [--precision bf16|fp32]
 
 Measured (2-core AVX-512/AMX CPU): cpp_wrapper 0.978x, 0.987x, 0.984x in three runs of the 5-minute model at batch
 128 (AdamW for-each step), then 1.056x (defaults), 0.983x / 1.002x (``--depth 6``, the 30-minute model) and 1.001x
@@ -27,6 +28,8 @@ p.add_argument("--hybrid", default="conv:32,32", help="the conv stem, or 'none' 
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--steps", type=int, default=20, help="training steps per timed call")
 p.add_argument("--repeats", type=int, default=5)
+p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+               help="bf16 autocast (the AMX trainer) or fp32 (a CPU without native bf16)")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -39,17 +42,17 @@ VARIANTS = {"torch.compile (Inductor defaults)": {},
 
 def trainer_step(compile_kwargs: dict):
     model = vitkit.VisionTransformer(cfg)
-    configure_for_training(model, torch.device("cpu"), "bf16")
+    configure_for_training(model, torch.device("cpu"), args.precision, compiled=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # the trainer's optimizer step
     compiled = torch.compile(model, **compile_kwargs)
     start = time.perf_counter()
-    steps_on_one_batch(compiled, opt, x, y, 1)()
+    steps_on_one_batch(compiled, opt, x, y, 1, args.precision)()
     print(f"compile + first step {time.perf_counter() - start:6.1f} s  {compile_kwargs or 'defaults'}", flush=True)
-    return steps_on_one_batch(compiled, opt, x, y, args.steps)
+    return steps_on_one_batch(compiled, opt, x, y, args.steps, args.precision)
 
 
 fns = [trainer_step(kw) for kw in VARIANTS.values()]
 rates = interleaved_throughput(fns, args.batch * args.steps, warmup=1, repeats=args.repeats)
-print(f"model {cfg.depth=} {cfg.hybrid=}, batch {args.batch}")
+print(f"model {cfg.depth=} {cfg.hybrid=}, batch {args.batch}, {args.precision}")
 for name, r in zip(VARIANTS, rates):
     print(f"{name:40s} {r:8.1f} img/s   {r / rates[0]:.3f}x")

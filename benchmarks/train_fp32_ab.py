@@ -4,7 +4,12 @@ from here.
 
     python benchmarks/train_fp32_ab.py [--depth 6] [--hybrid conv:32,32|none] [--batch 128]
                                        [--variants plain fused channels_last compiled compiled_exact whole_step]
-                                       [--csv results/train-fp32-ab.csv]
+                                       [--csv results/train-fp32-ab.csv] [--simdlen 256]
+
+An AVX2-only CPU's instruction set can be stood in for on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/train_fp32_ab.py --simdlen 256`` (PyTorch's,
+oneDNN's and MKL's kernels, and Inductor's generated code, all limited to 256-bit vectors; its speed is still the
+AVX-512 CPU's, not an AVX2 CPU's).
 
 Variants: ``fused`` AdamW's fused step; ``channels_last`` that and NHWC activations for the conv stem; ``compiled``
 torch.compile of the model (what the trainer does) and the fused step; ``compiled_exact`` that with the exact
@@ -18,6 +23,7 @@ import shlex
 import sys
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
@@ -36,7 +42,12 @@ p.add_argument("--steps", type=int, default=8, help="training steps per timed ca
 p.add_argument("--repeats", type=int, default=5)
 p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
 p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
+p.add_argument("--simdlen", type=int, help="Inductor's vector width in bits (256: AVX2 code on an AVX-512 CPU)")
 args = p.parse_args()
+if args.simdlen:
+    inductor_config.cpp.simdlen = args.simdlen
+LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+limits = [f"{k}={os.environ[k]}" for k in LIMITS if k in os.environ]  # part of the command, so in the CSV
 
 cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
@@ -69,19 +80,24 @@ def make(variant: str):  # type: ignore[no-untyped-def]
 
 
 print(f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch.get_num_threads()} threads, "
-      f"torch {torch.__version__}", flush=True)
+      f"torch {torch.__version__}, kernels {torch.backends.cpu.get_cpu_capability()}"
+      + (f", Inductor simdlen {args.simdlen}" if args.simdlen else ""), flush=True)
 rates = interleaved_throughput([make(v) for v in args.variants], args.steps * args.batch, warmup=2,
                                repeats=args.repeats)
 model = f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
-rows = [{"cpu": f"{cpu_kind()} ({cores_text()})", "model": model, "variant": v, "img_per_s": round(r, 1),
-         "vs_plain_loop": round(r / rates[0], 2), "command": shlex.join(["python", *sys.argv])}
+cpu = f"{cpu_kind()} ({cores_text()})" + (f", limited to {torch.backends.cpu.get_cpu_capability()}" if limits else "")
+rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2),
+         "command": " ".join(limits + [shlex.join(["python", *sys.argv])])}
         for v, r in zip(args.variants, rates)]
 for row in rows:
     print(f"{row['variant']:16s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x the plain loop")
 if args.csv:
     new = not os.path.exists(args.csv)
-    with open(args.csv, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    with open(args.csv, "a+", newline="") as f:
+        f.seek(0)
+        fields = list(rows[0]) if new else next(csv.reader(f))  # the file's columns (e.g. its source)
+        f.seek(0, os.SEEK_END)
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         if new:
             w.writeheader()
         w.writerows(rows)
