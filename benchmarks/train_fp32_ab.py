@@ -3,7 +3,8 @@ default for-each step), on a fixed batch, timed round-robin. What docs/speed.md 
 from here.
 
     python benchmarks/train_fp32_ab.py [--depth 6] [--hybrid conv:32,32|none] [--batch 128]
-                                       [--variants plain fused channels_last compiled compiled_exact whole_step]
+                                       [--variants plain fused channels_last compiled compiled_exact whole_step
+                                                   plain_conv_embed ... whole_step_conv_embed]
                                        [--csv results/train-fp32-ab.csv] [--simdlen 256]
 
 An AVX2-only CPU's instruction set can be stood in for on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2
@@ -14,7 +15,9 @@ AVX-512 CPU's, not an AVX2 CPU's).
 Variants: ``fused`` AdamW's fused step; ``channels_last`` that and NHWC activations for the conv stem; ``compiled``
 torch.compile of the model (what the trainer does) and the fused step; ``compiled_exact`` that with the exact
 attention path (two matmuls and a softmax, fused by Inductor) instead of SDPA; ``whole_step`` forward, backward
-(compiled autograd) and the optimizer step captured by one torch.compile. Not a test: numbers, no assertions.
+(compiled autograd) and the optimizer step captured by one torch.compile; ``*_conv_embed`` the patch embedding computed
+as the P x P stride-P convolution (timm's and the tutorials' way; vitkit's is one matmul over the flattened patches).
+The ratios are against the first variant given. Not a test: numbers, no assertions.
 """
 import argparse
 import csv
@@ -40,7 +43,8 @@ p.add_argument("--hybrid", default="conv:32,32", help="the conv stem (the recipe
 p.add_argument("--batch", type=int, default=128)
 p.add_argument("--steps", type=int, default=8, help="training steps per timed call")
 p.add_argument("--repeats", type=int, default=5)
-p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+p.add_argument("--variants", nargs="+", choices=VARIANTS + tuple(f"{v}_conv_embed" for v in VARIANTS),
+               default=list(VARIANTS))
 p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
 p.add_argument("--simdlen", type=int, help="Inductor's vector width in bits (256: AVX2 code on an AVX-512 CPU)")
 args = p.parse_args()
@@ -57,6 +61,10 @@ def make(variant: str):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = vitkit.VisionTransformer(cfg)
     inputs = x
+    if variant.endswith("_conv_embed"):
+        variant = variant.removesuffix("_conv_embed")
+        embed = model.patch_embed
+        embed.forward = lambda x: embed.proj(embed.backbone(x) if hasattr(embed, "backbone") else x).flatten(2).mT
     if variant == "channels_last":
         model, inputs = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     if variant == "compiled_exact":
@@ -90,7 +98,7 @@ rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs
          "command": " ".join(limits + [shlex.join(["python", *sys.argv])])}
         for v, r in zip(args.variants, rates)]
 for row in rows:
-    print(f"{row['variant']:16s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x the plain loop")
+    print(f"{row['variant']:26s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x {args.variants[0]}")
 if args.csv:
     new = not os.path.exists(args.csv)
     with open(args.csv, "a+", newline="") as f:
