@@ -1,6 +1,10 @@
 """Helpers that only the benchmark scripts in this folder use (``vitkit bench`` does not need them)."""
 from __future__ import annotations
 
+import csv
+import os
+import shlex
+import sys
 from typing import Any, Callable
 
 import torch
@@ -50,3 +54,19 @@ def exit_unless_native_bf16() -> None:
     if not cpu_has_native_bf16():
         raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
                          "`vitkit bench --dtypes fp32` compares fp32")
+
+
+def append_csv_rows(path: str, rows: list[dict], limits: list[str]) -> None:
+    """Append ``rows`` to the CSV at ``path`` with this command (after any CPU limits set in the environment, e.g.
+    ``ONEDNN_MAX_CPU_ISA=AVX2``) as their ``command``; a file that exists keeps its own columns (e.g. a source)."""
+    command = " ".join(limits + [shlex.join(["python", *sys.argv])])
+    rows = [{**row, "command": command} for row in rows]
+    new = not os.path.exists(path)
+    with open(path, "a+", newline="") as f:
+        f.seek(0)
+        fields = list(rows[0]) if new else next(csv.reader(f))
+        f.seek(0, os.SEEK_END)
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
+        if new:
+            w.writeheader()
+        w.writerows(rows)

@@ -20,10 +20,7 @@ as the P x P stride-P convolution (timm's and the tutorials' way; vitkit's is on
 The ratios are against the first variant given. Not a test: numbers, no assertions.
 """
 import argparse
-import csv
 import os
-import shlex
-import sys
 
 import torch
 import torch._inductor.config as inductor_config
@@ -31,7 +28,7 @@ import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
 import vitkit
-from _helpers import fashion_mnist_vit_config, steps_on_one_batch
+from _helpers import append_csv_rows, fashion_mnist_vit_config, steps_on_one_batch
 from vitkit.bench.timing import interleaved_throughput
 from vitkit.runtime.cpu import cpu_kind
 from vitkit.runtime.threads import cores_text
@@ -94,18 +91,9 @@ rates = interleaved_throughput([make(v) for v in args.variants], args.steps * ar
                                repeats=args.repeats)
 model = f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
 cpu = f"{cpu_kind()} ({cores_text()})" + (f", limited to {torch.backends.cpu.get_cpu_capability()}" if limits else "")
-rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2),
-         "command": " ".join(limits + [shlex.join(["python", *sys.argv])])}
+rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2)}
         for v, r in zip(args.variants, rates)]
 for row in rows:
     print(f"{row['variant']:26s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x {args.variants[0]}")
 if args.csv:
-    new = not os.path.exists(args.csv)
-    with open(args.csv, "a+", newline="") as f:
-        f.seek(0)
-        fields = list(rows[0]) if new else next(csv.reader(f))  # the file's columns (e.g. its source)
-        f.seek(0, os.SEEK_END)
-        w = csv.DictWriter(f, fieldnames=fields, restval="")
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    append_csv_rows(args.csv, rows, limits)

@@ -447,6 +447,7 @@ def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
     ref = copy.deepcopy(model)
     cfg = TrainConfig(opt="muon", lr=0.01, weight_decay=0.05)
     opt = build_optimizer(model, cfg)
+    opt.muon.ns_dtype = torch.bfloat16  # torch.optim.Muon's; a CPU without native bf16 iterates in fp32 (next test)
     hidden = [n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim == 2]
     assert sorted(hidden) == sorted(f"blocks.{i}.{w}.weight" for i in range(2)
                                     for w in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))
@@ -474,6 +475,35 @@ def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
     with pytest.raises(ValueError, match="trained with another --opt"):
         again.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
 
+
+@pytest.mark.parametrize("shape", [(3, 64, 160), (2, 160, 64), (1, 32, 32)])
+def test_newton_schulz_gives_the_svd_directions_with_singular_values_in_muons_band(shape):
+    from vitkit.training.optim import newton_schulz
+
+    G = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    U, _, Vh = torch.linalg.svd(G.double(), full_matrices=False)  # the reference: LAPACK's SVD, G = U S Vᵀ
+    core = U.mT @ newton_schulz(G, dtype=torch.float32).double() @ Vh.mT  # ≈ diag(S'), S' near 1 (Jordan et al.)
+    s = core.diagonal(dim1=-2, dim2=-1)
+    assert s.min() > 0.6 and s.max() < 1.3
+    torch.testing.assert_close(core, torch.diag_embed(s), atol=1e-5, rtol=0)
+
+
+def test_muon_iterates_in_fp32_on_a_cpu_without_native_bf16(monkeypatch):
+    """torch.optim.Muon casts to bf16, which such a CPU emulates (20x slower than fp32 with AVX2 only)."""
+    from vitkit.training import optim
+
+    monkeypatch.setattr(optim, "has_native_bf16", lambda device: False)
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(48, 16)) for _ in range(3)]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    start = [w.detach().clone() for w in weights]
+    for w, c in zip(weights, copies):
+        w.grad = c.grad = torch.randn(48, 16)
+    optim.Muon(weights, lr=0.01).step()
+    optim.Muon(copies, lr=0.01, ns_dtype=torch.float32).step()
+    for w, c, w0 in zip(weights, copies, start):
+        torch.testing.assert_close(w, c, rtol=0, atol=0)
+        assert (w - w0).abs().max() > 1e-3  # it did step
 
 def test_muon_trains_digits_from_the_cli(tmp_path, capsys):
     assert main(["train", "--opt", "muon", "--epochs", "3", "--output", str(tmp_path / "run")]) == 0
