@@ -65,8 +65,9 @@ for r in range(args.repeats + 1):
         run()
         if r:  # the first round warms up
             ts.append((time.perf_counter() - t) / args.steps * 1e3)
-cpu = f"{cpu_kind()} ({cores_text()})" + (f", limited to {torch.backends.cpu.get_cpu_capability()}, "
-                                          f"{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}" if limits else "")
+LIMITED = {"AVX2": ", limited to AVX2", "AVX512_CORE": ", limited to AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)"}
+cpu = f"{cpu_kind()} ({cores_text()})" + (LIMITED.get(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), ", limited")
+                                          if limits else "")
 print(f"{cpu}; depth {args.depth}; ms per optimiser step (median of {args.repeats})")
 rows = []
 for k, ts in zip(KINDS, times):

@@ -476,6 +476,28 @@ def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
         again.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
 
 
+def test_muon_stem_updates_each_conv_filter_bank_as_torch_muon_updates_its_out_by_in_k_k_matrix():
+    import vitkit
+    from vitkit.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_micro_patch4_32", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                                depth=1, hybrid="conv:8,8")
+    opt = build_optimizer(model, TrainConfig(opt="muon", lr=0.01, weight_decay=0.05, muon_stem=True))
+    opt.muon.ns_dtype = torch.bfloat16  # torch.optim.Muon's
+    filters = model.patch_embed.backbone[3].weight  # the second conv: (8, 8, 3, 3)
+    assert any(p is filters for g in opt.muon.param_groups for p in g["params"])
+    assert not any(p is model.patch_embed.proj.weight for g in opt.muon.param_groups for p in g["params"])
+    matrix = torch.nn.Parameter(filters.detach().reshape(8, 72).clone())
+    ref = torch.optim.Muon([matrix], lr=0.01, weight_decay=0.05, adjust_lr_fn="match_rms_adamw")
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3])).backward()
+        matrix.grad = filters.grad.reshape(8, 72).clone()
+        opt.step()
+        ref.step()
+        opt.zero_grad()
+    torch.testing.assert_close(filters.detach().reshape(8, 72), matrix.detach())
+
 @pytest.mark.parametrize("shape", [(3, 64, 160), (2, 160, 64), (1, 32, 32)])
 def test_newton_schulz_gives_the_svd_directions_with_singular_values_in_muons_band(shape):
     from vitkit.training.optim import newton_schulz

@@ -37,6 +37,7 @@ class TrainConfig:
     batch_size: int = 128
     grad_accum: int = 1
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
+    muon_stem: bool = False  # opt muon: Muon for the hybrid's CNN stem filters too (each an out x in*k*k matrix)
     lr: float = 1e-3
     body_lr_scale: float = 1.0  # LR of everything but the head, relative to --lr (fine-tuning)
     min_lr: float = 1e-5

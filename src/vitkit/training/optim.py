@@ -44,18 +44,21 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
     if cfg.opt == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False, fused=fused)
     if cfg.opt == "muon":
-        return MuonAdamW(model, groups, cfg.lr, fused)
+        return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), fused=fused)
 
 
 class MuonAdamW:
     """``Muon`` for the 2-D weight matrices inside the transformer blocks, AdamW for everything else (embeddings, the
-    CNN stem, norms, biases, the head), the split Muon's authors use. Muon's step is scaled to match AdamW's update
+    CNN stem, norms, biases, the head), the split Muon's authors use. ``stem``: Muon for the convolution filters of a
+    hybrid's CNN stem too, as the CIFAR-10 speed records train a CNN's filters (batch norm follows each of them). Muon's step is scaled to match AdamW's update
     size, so both share the recipe's learning rate and weight decay. Behaves as one optimiser: ``param_groups`` (the
     learning-rate schedule sets them), ``step``, ``zero_grad``, ``state_dict``."""
 
-    def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool) -> None:
-        hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2}
+    def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool,
+                 stem: bool = False) -> None:
+        hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2
+                  or stem and name.startswith("patch_embed.backbone.") and p.ndim == 4}
         muon_groups, adamw_groups = [], []
         for g in groups:
             for part, keep in ((muon_groups, True), (adamw_groups, False)):
@@ -118,7 +121,8 @@ class Muon(torch.optim.Optimizer):
     device multiplies bf16 natively, else in fp32 (torch.optim.Muon always uses bf16, which a CPU without
     AVX512-BF16/AMX emulates: its step for the 5-minute Fashion-MNIST model took 37 ms with AVX-512 and 398 ms with
     AVX2 only, against AdamW's 0.8 ms; benchmarks/muon_step.py), and matrices of one shape go through the iterations
-    together, as batched matmuls. The state (``momentum_buffer``) is torch.optim.Muon's."""
+    together, as batched matmuls. A convolution's filters (out, in, k, k) are updated as the out x (in k k) matrix.
+    The state (``momentum_buffer``) is torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, eps: float = 1e-7,
@@ -126,8 +130,8 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                                   "nesterov": nesterov, "ns_steps": ns_steps, "eps": eps})
         for g in self.param_groups:
-            if any(p.ndim != 2 for p in g["params"]):
-                raise ValueError("Muon updates 2-D weight matrices only")
+            if any(p.ndim < 2 for p in g["params"]):
+                raise ValueError("Muon updates weight matrices (a convolution's filters as out x in*k*k) only")
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
@@ -140,13 +144,17 @@ class Muon(torch.optim.Optimizer):
                     continue
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                 buf.lerp_(p.grad, 1 - momentum)
-                by_shape[p.shape].append((p, p.grad.lerp(buf, momentum) if g["nesterov"] else buf))
+                update = p.grad.lerp(buf, momentum) if g["nesterov"] else buf
+                by_shape[p.shape].append((p, update.reshape(len(p), -1)))
             for shape, pairs in by_shape.items():
                 params, updates = zip(*pairs)
                 dtype = self.ns_dtype or (torch.bfloat16 if has_native_bf16(params[0].device) else torch.float32)
                 ortho = newton_schulz(torch.stack(updates), g["ns_steps"], g["eps"], dtype)
                 torch._foreach_mul_(params, 1 - lr * g["weight_decay"])
-                torch._foreach_add_(params, ortho.unbind(0), alpha=-lr * 0.2 * math.sqrt(max(shape)))
+                m, n = ortho.shape[1:]
+                torch._foreach_add_(params, [o.view(shape) for o in ortho.unbind(0)],
+                                    alpha=-lr * 0.2 * math.sqrt(max(m, n)))
+
 
 def lr_at(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float:
     """Linear warmup for ``warmup`` steps, then cosine decay from ``lr`` to ``min_lr`` at ``total``."""
