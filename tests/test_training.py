@@ -301,9 +301,10 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
             in capsys.readouterr().out)
     TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
     fp32 = _recipe_for_budget("fashion-mnist", 5, {"precision": "fp32", "device": "cpu"})
-    assert fp32 == {**short, "opt": "muon", "lr": 0.002}
+    assert fp32 == {**short, "opt": "muon", "lr": 0.002, "muon_stem": True}
     out = capsys.readouterr().out
     assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out and "lr 0.001 -> 0.002" in out
+    assert "muon_stem False -> True" in out
 
 
 def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32(capsys):
@@ -321,8 +322,8 @@ def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32
     capsys.readouterr()
     for limit in (("--time-limit", "30"), ()):  # the recipe's own cpu_fp32 section: any budget, or none
         cfg = config(*limit, "--precision", "fp32")
-        assert cfg.opt == "muon" and cfg.model_args["depth"] == 6 and cfg.batch_size == 128
-        assert "in fp32 on this CPU: opt adamw -> muon" in capsys.readouterr().out
+        assert cfg.opt == "muon" and cfg.muon_stem and cfg.model_args["depth"] == 6 and cfg.batch_size == 128
+        assert "in fp32 on this CPU: opt adamw -> muon, muon_stem False -> True" in capsys.readouterr().out
 
 
 def test_recipes_train_with_muon_in_fp32_on_a_cpu_and_adamw_elsewhere():

@@ -1,0 +1,16 @@
+"""Run a vitkit command on a CPU with native bf16 (AMX/AVX512-BF16) as it runs on one without: every "does this
+device multiply bf16 natively?" answers no, so ``precision: auto`` trains in fp32 and Muon orthogonalises in fp32,
+as on the AVX-512-only and AVX2-only kinds. The kernels stay this CPU's (for the AVX-512-only kind's fp32 kernels
+that is exact on an AMX Xeon; add ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``
+for an AVX2-only instruction set).
+
+    python benchmarks/as_cpu_without_bf16.py train --dataset fashion-mnist --time-limit 5 --precision fp32
+"""
+import sys
+
+import vitkit.runtime.precision as precision
+
+precision.cpu_has_native_bf16 = lambda: False  # has_native_bf16, resolve_precision, emulates_bf16 all ask this
+from vitkit.cli.main import main  # noqa: E402
+
+raise SystemExit(main(sys.argv[1:]))
