@@ -65,7 +65,8 @@ for r in range(args.repeats + 1):
         run()
         if r:  # the first round warms up
             ts.append((time.perf_counter() - t) / args.steps * 1e3)
-LIMITED = {"AVX2": ", limited to AVX2", "AVX512_CORE": ", limited to AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)"}
+LIMITED = {"AVX2": ", limited to AVX2",
+           "AVX512_CORE": ", limited to AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)"}
 cpu = f"{cpu_kind()} ({cores_text()})" + (LIMITED.get(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), ", limited")
                                           if limits else "")
 print(f"{cpu}; depth {args.depth}; ms per optimiser step (median of {args.repeats})")

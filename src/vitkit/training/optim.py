@@ -51,9 +51,10 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
 class MuonAdamW:
     """``Muon`` for the 2-D weight matrices inside the transformer blocks, AdamW for everything else (embeddings, the
     CNN stem, norms, biases, the head), the split Muon's authors use. ``stem``: Muon for the convolution filters of a
-    hybrid's CNN stem too, as the CIFAR-10 speed records train a CNN's filters (batch norm follows each of them). Muon's step is scaled to match AdamW's update
-    size, so both share the recipe's learning rate and weight decay. Behaves as one optimiser: ``param_groups`` (the
-    learning-rate schedule sets them), ``step``, ``zero_grad``, ``state_dict``."""
+    hybrid's CNN stem too, as the CIFAR-10 speed records train a CNN's filters (batch norm follows each of them).
+    Muon's step is scaled to match AdamW's update size, so both share the recipe's learning rate and weight decay.
+    Behaves as one optimiser: ``param_groups`` (the learning-rate schedule sets them), ``step``, ``zero_grad``,
+    ``state_dict``."""
 
     def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool,
                  stem: bool = False) -> None:
