@@ -331,9 +331,10 @@ def test_recipes_train_with_muon_in_fp32_on_a_cpu_and_adamw_elsewhere():
 
     for name in ("fashion-mnist", "cifar10"):  # measured: Muon won in fp32 at 5 and 30 minutes (results/*.csv)
         for limit in (5, 30, None):
-            assert recipe(name, limit, cpu_fp32=True)["opt"] == "muon"
+            fp32 = recipe(name, limit, cpu_fp32=True)
+            assert fp32["opt"] == "muon" and fp32["muon_stem"]
             assert recipe(name, limit).get("opt", TrainConfig().opt) == "adamw"
-            TrainConfig.from_dict(recipe(name, limit, cpu_fp32=True))  # every key is a TrainConfig key
+            TrainConfig.from_dict(fp32)  # every key is a TrainConfig key
 
 
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)
