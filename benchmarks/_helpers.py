@@ -13,7 +13,9 @@ import torch.nn.functional as F
 
 from vitkit.model.config import ViTConfig
 from vitkit.model.registry import get_config
+from vitkit.runtime.cpu import cpu_kind
 from vitkit.runtime.precision import autocast_for, cpu_has_native_bf16
+from vitkit.runtime.threads import cores_text
 from vitkit.training.config import recipe
 
 CPU = torch.device("cpu")
@@ -56,10 +58,28 @@ def exit_unless_native_bf16() -> None:
                          "`vitkit bench --dtypes fp32` compares fp32")
 
 
-def append_csv_rows(path: str, rows: list[dict], limits: list[str]) -> None:
-    """Append ``rows`` to the CSV at ``path`` with this command (after any CPU limits set in the environment, e.g.
-    ``ONEDNN_MAX_CPU_ISA=AVX2``) as their ``command``; a file that exists keeps its own columns (e.g. a source)."""
-    command = " ".join(limits + [shlex.join(["python", *sys.argv])])
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # stand-ins for other CPU kinds
+LIMITED = {"AVX2": "AVX2", "AVX512_CORE": "AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)"}
+
+
+def isa_limits() -> list[str]:
+    """The instruction-set limits set in the environment (``ONEDNN_MAX_CPU_ISA=AVX2`` ...), as ``KEY=value``."""
+    return [f"{k}={os.environ[k]}" for k in ISA_LIMITS if k in os.environ]
+
+
+def cpu_label() -> str:
+    """This CPU's kind and cores, and the instruction set it was limited to, if it was (for a results CSV)."""
+    label = f"{cpu_kind()} ({cores_text()})"
+    if not isa_limits():
+        return label
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    return f"{label}, limited to {LIMITED.get(isa, torch.backends.cpu.get_cpu_capability())}"
+
+
+def append_csv_rows(path: str, rows: list[dict]) -> None:
+    """Append ``rows`` to the CSV at ``path`` with this command (after any instruction-set limits set in the
+    environment) as their ``command``; a file that exists keeps its own columns (e.g. a source)."""
+    command = " ".join(isa_limits() + [shlex.join(["python", *sys.argv])])
     rows = [{**row, "command": command} for row in rows]
     new = not os.path.exists(path)
     with open(path, "a+", newline="") as f:

@@ -9,15 +9,12 @@ On a CPU without native bf16 torch.optim.Muon's bf16 matmuls are emulated: stand
 MKL_ENABLE_INSTRUCTIONS=AVX2`` (AVX2 only). Not a test: numbers, no assertions.
 """
 import argparse
-import os
 import time
 
 import torch
 
 import vitkit
-from _helpers import append_csv_rows, fashion_mnist_vit_config
-from vitkit.runtime.cpu import cpu_kind
-from vitkit.runtime.threads import cores_text
+from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config
 from vitkit.training.config import TrainConfig
 from vitkit.training.optim import Muon, MuonAdamW, build_optimizer, param_groups
 
@@ -27,8 +24,6 @@ p.add_argument("--steps", type=int, default=20)
 p.add_argument("--repeats", type=int, default=5)
 p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
 args = p.parse_args()
-LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-limits = [f"{k}={os.environ[k]}" for k in LIMITS if k in os.environ]
 
 cfg = fashion_mnist_vit_config(args.depth, "conv:32,32")
 train_cfg = TrainConfig(opt="muon", lr=0.002, weight_decay=0.05)
@@ -65,10 +60,7 @@ for r in range(args.repeats + 1):
         run()
         if r:  # the first round warms up
             ts.append((time.perf_counter() - t) / args.steps * 1e3)
-LIMITED = {"AVX2": ", limited to AVX2",
-           "AVX512_CORE": ", limited to AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)"}
-cpu = f"{cpu_kind()} ({cores_text()})" + (LIMITED.get(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), ", limited")
-                                          if limits else "")
+cpu = cpu_label()
 print(f"{cpu}; depth {args.depth}; ms per optimiser step (median of {args.repeats})")
 rows = []
 for k, ts in zip(KINDS, times):
@@ -77,4 +69,4 @@ for k, ts in zip(KINDS, times):
     rows.append({"cpu": cpu, "model": f"Fashion-MNIST, depth {args.depth}, conv:32,32", "optimizer": k,
                  "ms_per_step": round(ms, 2)})
 if args.csv:
-    append_csv_rows(args.csv, rows, limits)
+    append_csv_rows(args.csv, rows)

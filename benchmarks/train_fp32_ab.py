@@ -20,7 +20,6 @@ as the P x P stride-P convolution (timm's and the tutorials' way; vitkit's is on
 The ratios are against the first variant given. Not a test: numbers, no assertions.
 """
 import argparse
-import os
 
 import torch
 import torch._inductor.config as inductor_config
@@ -28,10 +27,8 @@ import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
 import vitkit
-from _helpers import append_csv_rows, fashion_mnist_vit_config, steps_on_one_batch
+from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config, steps_on_one_batch
 from vitkit.bench.timing import interleaved_throughput
-from vitkit.runtime.cpu import cpu_kind
-from vitkit.runtime.threads import cores_text
 
 VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step")
 p = argparse.ArgumentParser()
@@ -47,8 +44,6 @@ p.add_argument("--simdlen", type=int, help="Inductor's vector width in bits (256
 args = p.parse_args()
 if args.simdlen:
     inductor_config.cpp.simdlen = args.simdlen
-LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-limits = [f"{k}={os.environ[k]}" for k in LIMITS if k in os.environ]  # part of the command, so in the CSV
 
 cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
@@ -90,10 +85,10 @@ print(f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch
 rates = interleaved_throughput([make(v) for v in args.variants], args.steps * args.batch, warmup=2,
                                repeats=args.repeats)
 model = f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
-cpu = f"{cpu_kind()} ({cores_text()})" + (f", limited to {torch.backends.cpu.get_cpu_capability()}" if limits else "")
+cpu = cpu_label()
 rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2)}
         for v, r in zip(args.variants, rates)]
 for row in rows:
     print(f"{row['variant']:26s} {row['img_per_s']:8.1f} img/s  {row['vs_plain_loop']:.2f}x {args.variants[0]}")
 if args.csv:
-    append_csv_rows(args.csv, rows, limits)
+    append_csv_rows(args.csv, rows)

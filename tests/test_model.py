@@ -79,6 +79,7 @@ def test_patch_embedding_equals_the_stride_p_convolution_in_either_memory_layout
     torch.testing.assert_close(pe(x), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pe(x.contiguous(memory_format=torch.channels_last)), expected, rtol=1e-5, atol=1e-5)
 
+
 def _reference_msa(attn_module, x):
     """softmax(q k^T / sqrt(D_h)) v per head (Appendix A, Eq. 5-8), written out with loops over heads."""
     D = x.shape[-1]

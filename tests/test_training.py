@@ -500,6 +500,7 @@ def test_muon_stem_updates_each_conv_filter_bank_as_torch_muon_updates_its_out_b
         opt.zero_grad()
     torch.testing.assert_close(filters.detach().reshape(8, 72), matrix.detach())
 
+
 @pytest.mark.parametrize("shape", [(3, 64, 160), (2, 160, 64), (1, 32, 32)])
 def test_newton_schulz_gives_the_svd_directions_with_singular_values_in_muons_band(shape):
     from vitkit.training.optim import newton_schulz
@@ -528,6 +529,7 @@ def test_muon_iterates_in_fp32_on_a_cpu_without_native_bf16(monkeypatch):
     for w, c, w0 in zip(weights, copies, start):
         torch.testing.assert_close(w, c, rtol=0, atol=0)
         assert (w - w0).abs().max() > 1e-3  # it did step
+
 
 def test_muon_trains_digits_from_the_cli(tmp_path, capsys):
     assert main(["train", "--opt", "muon", "--epochs", "3", "--output", str(tmp_path / "run")]) == 0

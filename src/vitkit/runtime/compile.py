@@ -46,10 +46,9 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
     AVX512-BF16 and no AMX. Compiled fp32 steps with the exact attention path (which Inductor fuses) ran 1.17x the
     eager trainer for the Fashion-MNIST recipe's 5-minute model and 1.28x a plain loop (30-minute model); a
     5-minute run gained more from the extra epoch than its ~30 s cold compile cost (91.26% against 90.92/90.93%
-    eager). So fp32 compiles
-    under a ``--time-limit`` of ``SHORT_BUDGET_MIN`` minutes or more; without a budget the run's length is unknown
-    (a few epochs of a small model finish before the compile would), so it stays eager unless asked. GPUs are
-    compiled without a measurement of our own."""
+    eager). So fp32 compiles under a ``--time-limit`` of ``SHORT_BUDGET_MIN`` minutes or more; without a budget
+    the run's length is unknown (a few epochs of a small model finish before the compile would), so it stays eager
+    unless asked. GPUs are compiled without a measurement of our own."""
     if setting is not True and setting is not False and setting != "auto":
         raise ValueError(f"compile must be true, false or auto, got {setting!r}")
     if setting != "auto":

@@ -139,6 +139,7 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):  # type: ignore[no-untyped-def]
         for g in self.param_groups:
             lr, momentum = g["lr"], g["momentum"]
+            dtype = self.ns_dtype or (torch.bfloat16 if has_native_bf16(g["params"][0].device) else torch.float32)
             by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
             for p in g["params"]:
                 if p.grad is None:
@@ -149,7 +150,6 @@ class Muon(torch.optim.Optimizer):
                 by_shape[p.shape].append((p, update.reshape(len(p), -1)))
             for shape, pairs in by_shape.items():
                 params, updates = zip(*pairs)
-                dtype = self.ns_dtype or (torch.bfloat16 if has_native_bf16(params[0].device) else torch.float32)
                 ortho = newton_schulz(torch.stack(updates), g["ns_steps"], g["eps"], dtype)
                 torch._foreach_mul_(params, 1 - lr * g["weight_decay"])
                 m, n = ortho.shape[1:]
