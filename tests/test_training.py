@@ -476,6 +476,8 @@ def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
     assert again.muon.state_dict()["state"].keys() == state["muon"]["state"].keys()
     with pytest.raises(ValueError, match="trained with another --opt"):
         again.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
+    with pytest.raises(ValueError, match=r"Muon trained 8 weight matrices in the saved run, 9 here .*--muon-stem"):
+        build_optimizer(model, TrainConfig(opt="muon", muon_stem=True)).load_state_dict(state)
 
 
 def test_muon_stem_updates_each_conv_filter_bank_as_torch_muon_updates_its_out_by_in_k_k_matrix():

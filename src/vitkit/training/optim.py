@@ -90,6 +90,11 @@ class MuonAdamW:
         if set(state) != {"muon", "adamw"}:
             raise ValueError(f"optimizer state has keys {sorted(state)}; a run trained with --opt muon has "
                              "['adamw', 'muon'] (was this run trained with another --opt?)")
+        saved = sum(len(g["params"]) for g in state["muon"]["param_groups"])
+        here = sum(len(g["params"]) for g in self.muon.param_groups)
+        if saved != here:
+            raise ValueError(f"optimizer state: Muon trained {saved} weight matrices in the saved run, {here} here "
+                             "(was the run trained with another --muon-stem / --no-muon-stem, or another model?)")
         self.muon.load_state_dict(state["muon"])
         if self.adamw:
             self.adamw.load_state_dict(state["adamw"])
