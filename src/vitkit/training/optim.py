@@ -125,8 +125,8 @@ class Muon(torch.optim.Optimizer):
     gradient, the update orthogonalised by five Newton-Schulz iterations, scaled by 0.2 sqrt(max(m, n)) to AdamW's
     update size, decoupled weight decay. Two differences, both for speed: the iterations run in bf16 only where the
     device multiplies bf16 natively, else in fp32 (torch.optim.Muon always uses bf16, which a CPU without
-    AVX512-BF16/AMX emulates: its step for the 5-minute Fashion-MNIST model took 37 ms with AVX-512 and 398 ms with
-    AVX2 only, against AdamW's 0.8 ms; benchmarks/muon_step.py), and matrices of one shape go through the iterations
+    AVX512-BF16/AMX emulates: its step for the 5-minute Fashion-MNIST model took 38 ms with AVX-512 and 397 ms with
+    AVX2 only, against AdamW's 0.8 ms; results/muon-step.csv), and matrices of one shape go through the iterations
     together, as batched matmuls. A convolution's filters (out, in, k, k) are updated as the out x (in k k) matrix.
     The state (``momentum_buffer``) is torch.optim.Muon's."""
 
