@@ -38,7 +38,7 @@ inductor_config.cpp.enable_kernel_profile = True  # a profiler record per genera
 torch.manual_seed(0)
 cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
 model = vitkit.VisionTransformer(cfg)
-configure_for_training(model, torch.device("cpu"), args.precision)
+configure_for_training(model, torch.device("cpu"), args.precision, compiled=True)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
 with FlopCounterMode(display=False) as flops:  # one forward + backward, counted on the uncompiled model

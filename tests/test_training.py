@@ -301,10 +301,11 @@ def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
             in capsys.readouterr().out)
     TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
     fp32 = _recipe_for_budget("fashion-mnist", 5, {"precision": "fp32", "device": "cpu"})
-    assert fp32 == {**short, "opt": "muon", "lr": 0.002, "muon_stem": True}
+    assert fp32 == {**short, "opt": "muon", "lr": 0.002, "muon_stem": True, "few_epochs": fp32["few_epochs"]}
+    assert fp32["few_epochs"]["model_args"] == {"depth": 2}  # a CPU that buys fewer epochs: shallower still
     out = capsys.readouterr().out
     assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out and "lr 0.001 -> 0.002" in out
-    assert "muon_stem False -> True" in out
+    assert "muon_stem False -> True" in out and "few_epochs None -> {'below': 5, " in out
 
 
 def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32(capsys):
@@ -324,6 +325,61 @@ def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32
         cfg = config(*limit, "--precision", "fp32")
         assert cfg.opt == "muon" and cfg.muon_stem and cfg.model_args["depth"] == 6 and cfg.batch_size == 128
         assert "in fp32 on this CPU: opt adamw -> muon, muon_stem False -> True" in capsys.readouterr().out
+
+
+def test_a_muon_stem_that_cannot_apply_is_said_in_the_log():
+    lines: list[str] = []  # fp32 recipe (muon_stem) + the user's --opt adamw: the stem cannot be under Muon
+    Trainer(_cfg(epochs=1, opt="adamw", muon_stem=True), log=lines.append, progress=False).fit()
+    assert "muon_stem has no effect with --opt adamw: it puts the stem's filters under Muon" in lines
+
+
+def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_epochs(tmp_path):
+    few = {"model_args": {"depth": 1}, "lr": 0.002, "hflip": True}
+    lines: list[str] = []
+    t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e9, **few}, output=str(tmp_path / "few")),
+                log=lines.append, progress=False)
+    assert t.model.config.depth == 1 and t.cfg.lr == 0.002 and t.augment.hflip and t.cfg.few_epochs is None
+    params = {id(p) for p in t.model.parameters()}
+    assert params == {id(p) for g in t.optimizer.param_groups for p in g["params"]}  # the new model's, all of them
+    t.fit()
+    note = next(line for line in lines if "few_epochs" in line)
+    assert "a 1-minute budget buys ~" in note and "under 1e+09: the few_epochs settings instead: lr 0.001 -> 0.002, " \
+        "hflip False -> True, depth 4 -> 1" in note
+    saved = (tmp_path / "few" / "config.yaml").read_text()  # a resume trains what was decided, not decides again
+    assert "few_epochs: null" in saved and "depth: 1" in saved
+    t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e-9, **few}), log=_quiet, progress=False)
+    assert t.model.config.depth == 4 and t.cfg.lr == 1e-3  # vit_nano_patch2_8 as it is
+    assert t.budget_note.endswith("the few_epochs settings (under 1e-09 epochs) are not needed")
+    assert Trainer(_cfg(few_epochs={"below": 1e9, **few}), log=_quiet, progress=False).model.config.depth != 1
+
+
+@pytest.mark.parametrize("few, error", [
+    ({"lr": 0.1}, "few_epochs needs below: N"),
+    ({"below": 3, "dataset": "cifar10"}, "few_epochs cannot set ['dataset']"),
+    ({"below": 3, "lr": -1}, "few_epochs: train config: lr must be > 0"),
+    ({"below": 3, "model_args": {"widht": 3}}, "few_epochs: unknown model override key(s) ['widht']"),
+])
+def test_a_wrong_few_epochs_section_is_refused_before_the_run_starts(few, error):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(few_epochs=few)
+    assert error in str(e.value)
+
+
+def test_the_users_flags_win_over_the_recipes_few_epochs_settings(capsys):
+    from vitkit.cli.main import build_parser
+    from vitkit.cli.train import resolve_config
+
+    def few(*flags: str) -> dict | None:
+        args = ["train", "--dataset", "fashion-mnist", "--time-limit", "5", "--precision", "fp32", *flags]
+        return resolve_config(build_parser().parse_args(args))[0].few_epochs
+
+    recipe = few()
+    assert recipe["below"] > 0 and recipe["model_args"]["depth"] and "lr" in recipe and "hflip" in recipe
+    assert "model_args" not in few("--depth", "4")
+    assert "lr" not in few("--lr", "0.01") and few("--lr", "0.01")["model_args"] == recipe["model_args"]
+    assert few("--lr", "0.01", "--depth", "4", "--crop-padding", "1", "--no-hflip") is None  # nothing left to change
+    assert few("--no-few-epochs") is None
+    assert few("--precision", "bf16") is None  # the section is the fp32 recipe's: a CPU that trains in bf16 is fast
 
 
 def test_recipes_train_with_muon_in_fp32_on_a_cpu_and_adamw_elsewhere():

@@ -67,6 +67,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    metavar="auto", help="torch.compile the model; --compile auto: where it pays on this device and "
                                         "budget (the recipes' choice; the log says which); --no-compile: never")
     g.add_argument("--no-compile", dest="compile", action="store_false", default=argparse.SUPPRESS)
+    g.add_argument("--no-few-epochs", dest="few_epochs", action="store_const", const=None, default=argparse.SUPPRESS,
+                   help="with --time-limit: keep the recipe's model even where the budget buys few epochs of it (the "
+                        "recipe's few_epochs settings are for slower CPUs)")
     g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
 
 
@@ -136,9 +139,23 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
         merged.update({k: v for k, v in layer.items() if k != "model_args"})
         merged["model_args"] = {**merged.get("model_args", {}), **layer.get("model_args", {})}
     merged.setdefault("cache_dir", default_cache_dir())
+    if merged.get("few_epochs") and "few_epochs" not in given and "few_epochs" not in file_cfg:
+        merged["few_epochs"] = _without_users_keys(merged["few_epochs"], {**file_cfg, **given},
+                                                   {**file_cfg.get("model_args", {}), **model_overrides(args)})
     if init and not saved and data is not None:
         _fit_accumulation(merged, len(data.train), "grad_accum" in given or "grad_accum" in file_cfg)
     return TrainConfig.from_dict(merged, source="train config"), data
+
+
+def _without_users_keys(few: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any]) -> dict | None:
+    """The recipe's ``few_epochs`` section without what the user's config file or flags set (those win here too);
+    None if nothing but its ``below`` is left."""
+    few = {k: v for k, v in few.items() if k not in users}
+    if "model_args" in few:
+        few["model_args"] = {k: v for k, v in few["model_args"].items() if k not in users_model}
+        if not few["model_args"]:
+            del few["model_args"]
+    return few if set(few) - {"below"} else None
 
 
 def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool) -> None:
@@ -155,16 +172,14 @@ def _recipe_for_budget(name: str, time_limit: float | None, settings: dict[str, 
     """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed. The
     precision and device of ``settings`` (the user's config file and flags) over the recipe's decide whether the run
     computes in fp32 on a CPU, and so whether the budget's ``cpu_fp32`` section applies."""
-    from ..training.config import TrainConfig, for_budget, read_recipe, trains_in_fp32_on_cpu
+    from ..training.config import TrainConfig, describe_changes, for_budget, read_recipe, trains_in_fp32_on_cpu
 
     written = read_recipe(name)
     full, plain = for_budget(written, None), for_budget(written, time_limit)
     defaults = TrainConfig().to_dict()  # a key the recipe leaves to the default (eval_every 1) says so
     run = {**defaults, **full, **(settings or {})}
     short = for_budget(written, time_limit, trains_in_fp32_on_cpu(run["precision"], run["device"]))
-    flat = [(k, full.get(k, defaults.get(k)), v) for k, v in short.items() if k != "model_args"] + \
-           [(k, full.get("model_args", {}).get(k), v) for k, v in short.get("model_args", {}).items()]
-    changed = [f"{k} {a} -> {b}" for k, a, b in flat if a != b]
+    changed = describe_changes({**defaults, **full}, short)
     if changed:
         budget = f" for --time-limit {time_limit:g}" if time_limit is not None else ""
         where = " in fp32 on this CPU" if short != plain else ""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -15,6 +16,13 @@ from ..model.fields import check_keys, check_range, coerce_fields
 from ..runtime.device import resolve_device
 from ..runtime.precision import PRECISIONS, resolve_precision
 from .evaluate import EVAL_BATCH_SIZE
+
+
+# What a few_epochs section may change: what the trainer builds once the data is loaded and a step has been timed.
+FEW_EPOCHS_KEYS = frozenset({
+    "model_args", "opt", "muon_stem", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs", "clip_grad",
+    "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema", "model_ema_decay",
+    "eval_every"})
 
 
 @dataclass
@@ -65,6 +73,9 @@ class TrainConfig:
     eval_every: int = 1  # epochs between evaluations; the last epoch is always evaluated
     output: str | None = None
     resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
+    # With a --time-limit: settings laid over these when the budget buys fewer than `below` epochs of the configured
+    # model, timed at the start of the run (a slower CPU gets a cheaper model): {below: 4, lr: 0.003, ...}
+    few_epochs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, "train config")  # YAML's `lr: 1e-3` is a string to PyYAML: taken as the number meant
@@ -94,6 +105,28 @@ class TrainConfig:
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
                              f"{self.time_limit:g}")
+        if self.few_epochs is not None:
+            below = self.few_epochs.get("below")
+            bad = sorted(set(self.few_epochs) - FEW_EPOCHS_KEYS - {"below"}, key=str)
+            if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below < math.inf:
+                raise ValueError(f"few_epochs needs below: N (a number of epochs, more than 0), got {below!r}")
+            if not isinstance(self.few_epochs.get("model_args", {}), dict):
+                raise ValueError(f"few_epochs: model_args must be a mapping, got {self.few_epochs['model_args']!r}")
+            if bad:
+                raise ValueError(f"few_epochs cannot set {bad}: it may set {sorted(FEW_EPOCHS_KEYS)} (what is "
+                                 "built after the data is loaded and the step timed)")
+            try:  # its values checked now, not when the run has started
+                self.for_few_epochs()
+            except ValueError as e:
+                raise type(e)(f"few_epochs: {e}") from None
+
+    def for_few_epochs(self) -> "TrainConfig":
+        """This config with its ``few_epochs`` settings laid over it (``model_args`` key by key), and no
+        ``few_epochs``: what a run trains when its budget buys fewer epochs than ``few_epochs["below"]``."""
+        layer = {k: v for k, v in (self.few_epochs or {}).items() if k != "below"}
+        d = {**self.to_dict(), **layer, "few_epochs": None,
+             "model_args": {**self.model_args, **(layer.get("model_args") or {})}}
+        return TrainConfig.from_dict(d, source="few_epochs")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,6 +186,16 @@ def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = Fal
     for layer in (fp32, short, short_fp32) if cpu_fp32 else (short,):
         d = {**d, **layer, "model_args": {**d.get("model_args", {}), **layer.get("model_args", {})}}
     return d
+
+
+def describe_changes(before: dict[str, Any], after: dict[str, Any], before_model: dict[str, Any] | None = None
+                     ) -> list[str]:
+    """``["lr 0.001 -> 0.002", "depth 6 -> 3"]``: what the settings ``after`` change of ``before``, ``model_args`` key
+    by key (against ``before_model`` when given: the model's full config rather than its overrides)."""
+    model = before.get("model_args", {}) if before_model is None else before_model
+    pairs = [(k, before.get(k), v) for k, v in after.items() if k != "model_args"]
+    pairs += [(k, model.get(k), v) for k, v in after.get("model_args", {}).items()]
+    return [f"{k} {a} -> {b}" for k, a, b in pairs if a != b]
 
 
 def trains_in_fp32_on_cpu(precision: str, device: str) -> bool:

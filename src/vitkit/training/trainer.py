@@ -5,12 +5,13 @@ The parts are built by ``build.py``, the ``--time-limit`` plan is ``budget.py``'
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,7 @@ from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
 from .checkpoint import load_train_state, recover_run, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, describe_changes
 from .evaluate import evaluate
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .runlog import RunLog
@@ -66,20 +67,10 @@ class Trainer:
         self.precision = resolve_precision(cfg.precision, self.device)  # "auto" -> bf16 or fp32 for this device
         torch.manual_seed(cfg.seed + self.rank)
         self.data = (data or build_data(cfg)).with_train_fraction(cfg.train_fraction)
-        self.model = build_model(cfg, self.data).to(self.device)
-        self.preprocessing = preprocessing_for(cfg, self.model, self.data)
-        mc = self.model.config
-        self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
-                                    mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
-                                    cutmix=cfg.cutmix)
-        if cfg.freeze_body:
-            log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
-        self.optimizer = build_optimizer(self.model, cfg)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
-        self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
-            if cfg.model_ema else None
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self._build()
         self.threads_note = self._choose_threads()  # before compiling: Inductor's kernels keep the count they saw
+        self.budget_note = self._fit_to_budget()
+        cfg = self.cfg
         self.train_model = model_for_training(self.model, cfg, self.device, self.precision, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.steps_per_epoch = max(1, len(self.sampler) // cfg.batch_size // cfg.grad_accum)
@@ -95,6 +86,48 @@ class Trainer:
         if cfg.resume:
             self._resume(Path(cfg.resume))
         self.runlog = RunLog(self.out, self.is_main, log)
+
+    def _build(self) -> None:
+        """The model, its preprocessing and augmentation, the optimiser and the loss, as ``self.cfg`` says."""
+        cfg = self.cfg
+        self.model = build_model(cfg, self.data).to(self.device)
+        self.preprocessing = preprocessing_for(cfg, self.model, self.data)
+        mc = self.model.config
+        self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
+                                    mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
+                                    cutmix=cfg.cutmix)
+        if cfg.freeze_body:
+            self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+        self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
+            if cfg.model_ema else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+
+    def _fit_to_budget(self) -> str | None:
+        """``few_epochs``: time the configured model's step here (forward and backward, eager, at the chosen threads);
+        if the --time-limit buys fewer epochs of it than ``few_epochs["below"]``, rebuild with the few_epochs settings
+        (rank 0 decides for all). Returns the sentence for the run log."""
+        cfg = self.cfg
+        if not cfg.few_epochs or not cfg.time_limit or cfg.resume:
+            return None
+        with self._probe_step() as (step, n):
+            step()
+            sec = min(_seconds(step) for _ in range(3))
+        epochs = cfg.time_limit * 60 * n * self.world / sec / len(self.data.train)
+        below = cfg.few_epochs["below"]
+        (fewer,) = broadcast_ints([int(epochs < below)], self.device)
+        bought = (f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model here (forward and "
+                  f"backward of {n} images timed at {sec * 1e3:.0f} ms, before compiling)")
+        if not fewer:
+            return f"{bought}: the few_epochs settings (under {below:g} epochs) are not needed"
+        new = cfg.for_few_epochs()
+        changed = describe_changes(cfg.to_dict(), {**new.to_dict(), "few_epochs": cfg.few_epochs},
+                                   self.model.config.to_dict())
+        self.cfg = new
+        torch.manual_seed(new.seed + self.rank)
+        self._build()
+        return f"{bought}, under {below:g}: the few_epochs settings instead: {', '.join(changed)}"
 
     # ------------------------------------------------------------------------------------------ state
     def _train_state(self) -> dict[str, Any]:
@@ -156,16 +189,11 @@ class Trainer:
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
 
-    def _choose_threads(self) -> str:
-        """The intra-op thread count, from timing a forward+backward on a real batch (runtime/threads.py); the
-        probe leaves no trace: random state and buffers (BatchNorm's running statistics) restored, gradients
-        cleared."""
-        cfg = self.cfg
-        if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
-            n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
-            torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running
-            return f"threads: {n} per process ({self.world} processes)"
-        n = min(cfg.batch_size, len(self.data.train))
+    @contextlib.contextmanager
+    def _probe_step(self) -> Iterator[tuple[Callable[[], None], int]]:
+        """A forward and backward of the model on a real batch (and the batch's size), for timing. The probe leaves
+        no trace: random state and buffers (BatchNorm's running statistics) restored, gradients cleared."""
+        n = min(self.cfg.batch_size, len(self.data.train))
         x, y = next(batches(self.data.train, list(range(n)), n, False, self.device))
         x, target = self.augment(x, y, train=False)
         configure_for_training(self.model, self.device, self.precision)
@@ -178,13 +206,25 @@ class Trainer:
 
         rng, buffers = torch.get_rng_state(), [(b, b.clone()) for b in self.model.buffers()]
         try:
-            return choose_threads(step, cfg.threads, "training step", self.device)[1]
+            yield step, n
         finally:
             torch.set_rng_state(rng)
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
             self.optimizer.zero_grad(set_to_none=True)
+
+    def _choose_threads(self) -> str:
+        """The intra-op thread count, from timing a forward+backward on a real batch (runtime/threads.py); the
+        probe leaves no trace: random state and buffers (BatchNorm's running statistics) restored, gradients
+        cleared."""
+        cfg = self.cfg
+        if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
+            n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
+            torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running
+            return f"threads: {n} per process ({self.world} processes)"
+        with self._probe_step() as (step, _):
+            return choose_threads(step, cfg.threads, "training step", self.device)[1]
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
@@ -270,9 +310,13 @@ class Trainer:
                  f"{' (auto)' if cfg.precision == 'auto' else ''}; {self.steps_per_epoch} steps/epoch, "
                  f"global batch {cfg.batch_size * self.world * cfg.grad_accum}")
         self.log(self.threads_note)
+        if self.budget_note:
+            self.log(self.budget_note)
         note = precision_note(self.precision, self.device)
         if note:
             self.log(note)
+        if cfg.muon_stem and cfg.opt != "muon":  # the recipe's cpu_fp32 sets it with opt muon; a user's --opt wins
+            self.log(f"muon_stem has no effect with --opt {cfg.opt}: it puts the stem's filters under Muon")
 
     def fit(self) -> RunResult:
         cfg = self.cfg
@@ -318,3 +362,9 @@ class Trainer:
         self.runlog.epoch(row)
         if self.is_main:
             self.log(f"{said} ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
