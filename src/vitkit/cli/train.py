@@ -84,7 +84,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
     """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
     from ..data.datasets import default_cache_dir, load_dataset
     from ..training.checkpoint import recover_run
-    from ..training.config import TrainConfig, read_yaml, safe_yaml
+    from ..training.config import TrainConfig, lay_over, read_yaml, safe_yaml
     from ..training.recipes import choose_recipe, flips_change_labels
     from ..interop.pretrained import init_image_size
 
@@ -135,9 +135,7 @@ def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # no
                 print("no horizontal flips: small grayscale images are often digits or characters, which a flip "
                       "changes (--hflip to flip anyway)")
     for layer in (saved, file_cfg, given, {"model_args": model_overrides(args)}):
-        # model_args merge key by key: a --config or flag changing the depth keeps the recipe's width
-        merged.update({k: v for k, v in layer.items() if k != "model_args"})
-        merged["model_args"] = {**merged.get("model_args", {}), **layer.get("model_args", {})}
+        merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
     merged.setdefault("cache_dir", default_cache_dir())
     if merged.get("few_epochs") and "few_epochs" not in given and "few_epochs" not in file_cfg:
         merged["few_epochs"] = _without_users_keys(merged["few_epochs"], {**file_cfg, **given},

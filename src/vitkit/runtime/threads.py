@@ -61,7 +61,8 @@ def time_threads(step: Callable[[], object], counts: list[int], budget_s: float 
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
-def _timed(step: Callable[[], object]) -> float:
+def timed(step: Callable[[], object]) -> float:
+    """Seconds one call of ``step`` takes."""
     t = time.perf_counter()
     step()
     return time.perf_counter() - t
@@ -92,14 +93,14 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
         return 1, "threads: 1 (one core)"
     torch.set_num_threads(cores)
     step()  # cold: the first call builds oneDNN's primitives and the allocator's pools
-    t_all = _timed(step)
+    t_all = timed(step)
     if t_all > HUGE_STEP_S:
         return cores, f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads: it splits well)"
     if t_all > BIG_STEP_S:
         # a big step usually splits well, but one slowed down by another process's threads (two OpenMP teams on the
         # same cores spin-wait for each other) is fast again on one thread: one such step tells the two apart
         torch.set_num_threads(1)
-        t_one = _timed(step)
+        t_one = timed(step)
         if t_one >= t_all:
             torch.set_num_threads(cores)
             return cores, (f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads, "
@@ -107,8 +108,8 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
     medians = time_threads(step, counts)
     n = pick(medians)
     torch.set_num_threads(n)
-    timed = ", ".join(f"{k} thread{'s' if k > 1 else ''} {v * 1e3:.1f} ms" for k, v in medians.items())
-    return n, f"threads: {n} of {cores} cores (measured per {what}: {timed}; --threads N to set)"
+    each = ", ".join(f"{k} thread{'s' if k > 1 else ''} {v * 1e3:.1f} ms" for k, v in medians.items())
+    return n, f"threads: {n} of {cores} cores (measured per {what}: {each}; --threads N to set)"
 
 
 def threads_for_ranks(local_world: int) -> int:

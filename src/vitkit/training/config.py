@@ -120,12 +120,15 @@ class TrainConfig:
             except ValueError as e:
                 raise type(e)(f"few_epochs: {e}") from None
 
+    @property
+    def few_epochs_settings(self) -> dict[str, Any]:
+        """The settings of ``few_epochs`` (all but its ``below``)."""
+        return {k: v for k, v in (self.few_epochs or {}).items() if k != "below"}
+
     def for_few_epochs(self) -> "TrainConfig":
-        """This config with its ``few_epochs`` settings laid over it (``model_args`` key by key), and no
-        ``few_epochs``: what a run trains when its budget buys fewer epochs than ``few_epochs["below"]``."""
-        layer = {k: v for k, v in (self.few_epochs or {}).items() if k != "below"}
-        d = {**self.to_dict(), **layer, "few_epochs": None,
-             "model_args": {**self.model_args, **(layer.get("model_args") or {})}}
+        """This config with its ``few_epochs`` settings laid over it, and no ``few_epochs``: what a run trains when
+        its budget buys fewer epochs than ``few_epochs["below"]``."""
+        d = lay_over({**self.to_dict(), "few_epochs": None}, self.few_epochs_settings)
         return TrainConfig.from_dict(d, source="few_epochs")
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,6 +137,12 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "TrainConfig":
         return cls(**check_keys(d, cls=cls, source=source))
+
+
+def lay_over(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``layer``'s settings in place of its own; ``model_args`` merge key by key (a layer changing the
+    depth keeps the width)."""
+    return {**base, **layer, "model_args": {**base.get("model_args", {}), **layer.get("model_args", {})}}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -184,7 +193,7 @@ def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = Fal
     short = dict(budgets[fits[0][1]]) if fits else {}
     short_fp32 = short.pop("cpu_fp32", None) or {}
     for layer in (fp32, short, short_fp32) if cpu_fp32 else (short,):
-        d = {**d, **layer, "model_args": {**d.get("model_args", {}), **layer.get("model_args", {})}}
+        d = lay_over(d, layer)
     return d
 
 

@@ -27,7 +27,7 @@ from ..runtime.compile import configure_for_training
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, rank_and_world
 from ..runtime.precision import autocast_for, precision_note, resolve_precision
-from ..runtime.threads import choose_threads, threads_for_ranks
+from ..runtime.threads import choose_threads, threads_for_ranks, timed
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
 from .checkpoint import load_train_state, recover_run, save_checkpoint
@@ -113,7 +113,7 @@ class Trainer:
             return None
         with self._probe_step() as (step, n):
             step()
-            sec = min(_seconds(step) for _ in range(3))
+            sec = min(timed(step) for _ in range(3))
         epochs = cfg.time_limit * 60 * n * self.world / sec / len(self.data.train)
         below = cfg.few_epochs["below"]
         (fewer,) = broadcast_ints([int(epochs < below)], self.device)
@@ -122,8 +122,7 @@ class Trainer:
         if not fewer:
             return f"{bought}: the few_epochs settings (under {below:g} epochs) are not needed"
         new = cfg.for_few_epochs()
-        changed = describe_changes(cfg.to_dict(), {**new.to_dict(), "few_epochs": cfg.few_epochs},
-                                   self.model.config.to_dict())
+        changed = describe_changes(cfg.to_dict(), cfg.few_epochs_settings, self.model.config.to_dict())
         self.cfg = new
         torch.manual_seed(new.seed + self.rank)
         self._build()
@@ -215,9 +214,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
 
     def _choose_threads(self) -> str:
-        """The intra-op thread count, from timing a forward+backward on a real batch (runtime/threads.py); the
-        probe leaves no trace: random state and buffers (BatchNorm's running statistics) restored, gradients
-        cleared."""
+        """The intra-op thread count, from timing the probe step (runtime/threads.py)."""
         cfg = self.cfg
         if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
             n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
@@ -363,8 +360,3 @@ class Trainer:
         if self.is_main:
             self.log(f"{said} ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
 
-
-def _seconds(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
