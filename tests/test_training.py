@@ -353,6 +353,12 @@ def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_e
     assert Trainer(_cfg(few_epochs={"below": 1e9, **few}), log=_quiet, progress=False).model.config.depth != 1
 
 
+def test_a_few_epochs_model_that_cannot_be_built_is_named_as_the_few_epochs_one():
+    with pytest.raises(ValueError, match=r"^few_epochs: ViTConfig.depth must be positive, got -2"):
+        Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e9, "model_args": {"depth": -2}}), log=_quiet,
+                progress=False)
+
+
 @pytest.mark.parametrize("few, error", [
     ({"lr": 0.1}, "few_epochs needs below: N"),
     ({"below": 3, "dataset": "cifar10"}, "few_epochs cannot set ['dataset']"),

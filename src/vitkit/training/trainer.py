@@ -125,7 +125,10 @@ class Trainer:
         changed = describe_changes(cfg.to_dict(), cfg.few_epochs_settings, self.model.config.to_dict())
         self.cfg = new
         torch.manual_seed(new.seed + self.rank)
-        self._build()
+        try:  # the model's values (depth, ...) are first checked here, where the model is built
+            self._build()
+        except ValueError as e:
+            raise type(e)(f"few_epochs: {e}") from None
         return f"{bought}, under {below:g}: the few_epochs settings instead: {', '.join(changed)}"
 
     # ------------------------------------------------------------------------------------------ state
