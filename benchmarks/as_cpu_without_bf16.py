@@ -7,7 +7,8 @@ for an AVX2-only instruction set; Inductor's generated code is then limited to 2
     python benchmarks/as_cpu_without_bf16.py train --dataset fashion-mnist --time-limit 5
 
 With the AVX2 limits and ``--threads 1`` this Xeon also runs at about the AMD EPYC's *speed*: a 2048^3 fp32 matmul
-at 119 GFLOP/s, where the EPYC (AVX2 only, 2 cores) measured 118-125 GFLOP/s; elementwise kernels and the memory
+at 102-111 GFLOP/s (``vitkit.bench.timing.matmul_ceiling(torch.float32, 2048)`` with ``OMP_NUM_THREADS=1``), where
+the EPYC (AVX2 only, 2 cores) measured 118-125 GFLOP/s; elementwise kernels and the memory
 bandwidth of one core are still slower than two of the EPYC's, so this errs on the slow side.
 """
 import os
