@@ -1,9 +1,9 @@
-"""Training throughput in one run: vitkit's trainer against a plain fp32 loop over the same model (the tutorial's
-DataLoader of PIL images + ToTensor) and plain loops over in-memory tensors (fp32, bf16 autocast; vitkit's model
-and, where it has the model, timm's).
+"""Training throughput in one run, timed round-robin: vitkit's trainer against a plain fp32 loop over the same
+model (the tutorial's DataLoader of PIL images + ToTensor) and plain loops over in-memory tensors (fp32, bf16
+autocast; vitkit's model and, where it has the model, timm's).
 
-    python benchmarks/train_throughput.py [--steps 40] [--models 30min 5min tutorial] [--precision fp32]
-                                          [--compile true|false]
+    python benchmarks/train_throughput.py [--steps 40] [--repeats 3] [--models 30min 5min tutorial]
+                                          [--precision fp32] [--compile true|false]
 
 Models: ``30min`` is the Fashion-MNIST recipe (conv:32,32 stem, depth 6), ``5min`` its short-budget settings
 (depth 3), ``tutorial`` the issue's reference model (plain patch-7 ViT, width 128, depth 3, no stem, batch 128).
@@ -14,7 +14,8 @@ import platform
 
 import torch
 
-from vitkit.bench.training import plain_loop_throughput, vitkit_train_throughput
+from vitkit.bench.timing import interleaved_throughput
+from vitkit.bench.training import plain_loop_steps, vitkit_train_steps
 from vitkit.data.datasets import load_dataset
 from vitkit.interop.timm import timm_kwargs
 from vitkit.training.config import TrainConfig, recipe
@@ -24,7 +25,8 @@ from vitkit.training.trainer import build_model
 MODELS = {"30min": (None, {}, {}), "5min": (5, {}, {}), "tutorial": (5, {"hybrid": None}, {"batch_size": 128})}
 
 p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=40)
+p.add_argument("--steps", type=int, default=40, help="training steps per timed call")
+p.add_argument("--repeats", type=int, default=3, help="timed calls of each, round-robin (the median counts)")
 p.add_argument("--dataset", default="fashion-mnist")
 p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
 p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -42,8 +44,8 @@ for key in args.models:
     cfg = TrainConfig(**{**r, **overrides, **settings, "dataset": args.dataset,
                          "model_args": {**r.get("model_args", {}), **model_overrides}})
     print(f"\n[{key}] model: {cfg.model} {cfg.model_args}, batch {cfg.batch_size}")
-    ours = vitkit_train_throughput(cfg, data, args.steps)
-    print(f"vitkit trainer ({cfg.precision}, compile={cfg.compile}, batch augmentation on tensors):  {ours:8.1f} img/s")
+    names = [f"vitkit trainer ({cfg.precision}, compile={cfg.compile}, batch augmentation on tensors)"]
+    runs = [vitkit_train_steps(cfg, data, args.steps)]
     for name, precision, pil in (("plain loop, PIL DataLoader, fp32 (tutorial)", "fp32", True),
                                  ("plain loop, tensors in memory, fp32", "fp32", False),
                                  ("plain loop, tensors in memory, bf16 autocast", "bf16", False)):
@@ -56,5 +58,9 @@ for key in args.models:
                 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
                 model = TimmViT(**timm_kwargs(model.config))
-            rate = plain_loop_throughput(model, data, cfg.batch_size, args.steps, precision, pil=pil)
-            print(f"{name:<46} [{impl}]: {rate:8.1f} img/s   vitkit trainer is {ours / rate:.2f}x", flush=True)
+            names.append(f"{name} [{impl}]")
+            runs.append(plain_loop_steps(model, data, cfg.batch_size, args.steps, precision, pil=pil))
+    rates = interleaved_throughput(runs, args.steps * cfg.batch_size, warmup=0, repeats=args.repeats)
+    for name, rate in zip(names, rates):
+        print(f"{name:<62} {rate:8.1f} img/s" + (f"   vitkit trainer is {rates[0] / rate:.2f}x" if rate is not rates[0]
+                                                  else ""), flush=True)

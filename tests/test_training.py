@@ -333,14 +333,19 @@ def test_a_muon_stem_that_cannot_apply_is_said_in_the_log():
     assert "muon_stem has no effect with --opt adamw: it puts the stem's filters under Muon" in lines
 
 
-def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_epochs(tmp_path):
+def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_epochs(tmp_path, monkeypatch):
     few = {"model_args": {"depth": 1}, "lr": 0.002, "hflip": True}
     lines: list[str] = []
+    threads_chosen_for: list[int] = []  # the depth of the model each thread choice timed
+    choose = Trainer._choose_threads
+    monkeypatch.setattr(Trainer, "_choose_threads",
+                        lambda self: threads_chosen_for.append(self.model.config.depth) or choose(self))
     t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e9, **few}, output=str(tmp_path / "few")),
                 log=lines.append, progress=False)
     assert t.model.config.depth == 1 and t.cfg.lr == 0.002 and t.augment.hflip and t.cfg.few_epochs is None
     params = {id(p) for p in t.model.parameters()}
     assert params == {id(p) for g in t.optimizer.param_groups for p in g["params"]}  # the new model's, all of them
+    assert threads_chosen_for == [4, 1]  # chosen again for the smaller model that trains
     t.fit()
     note = next(line for line in lines if "few_epochs" in line)
     assert "a 1-minute budget buys ~" in note and "under 1e+09: the few_epochs settings instead: lr 0.001 -> 0.002, " \
@@ -350,6 +355,7 @@ def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_e
     t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e-9, **few}), log=_quiet, progress=False)
     assert t.model.config.depth == 4 and t.cfg.lr == 1e-3  # vit_nano_patch2_8 as it is
     assert t.budget_note.endswith("the few_epochs settings (under 1e-09 epochs) are not needed")
+    assert threads_chosen_for == [4, 1, 4]
     assert Trainer(_cfg(few_epochs={"below": 1e9, **few}), log=_quiet, progress=False).model.config.depth != 1
 
 
@@ -599,3 +605,22 @@ def test_muon_trains_digits_from_the_cli(tmp_path, capsys):
     assert main(["train", "--opt", "muon", "--epochs", "3", "--output", str(tmp_path / "run")]) == 0
     top1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["val_top1"]
     assert top1 > 30  # 10 classes: chance is 10%
+
+
+def test_the_benchmarks_loops_run_the_steps_asked_for_across_epoch_ends():
+    from vitkit.bench.training import plain_loop_steps, vitkit_train_steps
+    from vitkit.data.datasets import load_dataset
+    from vitkit.training.build import build_model
+
+    data = load_dataset("digits")
+    run = vitkit_train_steps(_cfg(compile=False), data, steps=15, warmup=2)
+    t = run.trainer
+    assert t.steps_per_epoch < 30  # so three calls of 15 steps cross an epoch's end
+    for _ in range(3):
+        run()
+    assert (t.step, t.epoch) == (2 + 45, 2)
+    model = build_model(_cfg(), data)
+    before = [p.detach().clone() for p in model.parameters()]
+    loop = plain_loop_steps(model, data, 64, steps=30, pil=True)  # the PIL DataLoader's epoch ends inside
+    loop()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()) if p.requires_grad)

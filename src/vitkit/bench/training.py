@@ -1,7 +1,7 @@
 """Training throughput: vitkit's trainer against plain loops over the same model."""
 from __future__ import annotations
 
-import time
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -13,19 +13,31 @@ from ..data.datasets import DataSplits
 from ..runtime.precision import autocast_for
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
+from .timing import throughput
 
 CPU = torch.device("cpu")
 
 
-def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> float:
-    """img/s of the real trainer (batch augmentation, precision, attention path as configured) over ``steps``."""
+def vitkit_train_steps(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> Callable[[], None]:
+    """A callable running ``steps`` steps of the real trainer (batch augmentation, precision, attention path as
+    configured), after ``warmup`` steps (compiling included), for timing round-robin with the plain loops; an epoch
+    too short for ``steps`` more is left for the next one. ``run.trainer`` is the Trainer."""
     t = Trainer(cfg, data=data, log=lambda s: None, progress=False)
     t.total_steps = warmup
     t.train_epoch()
-    t.total_steps = warmup + steps
-    start = time.perf_counter()
-    t.train_epoch()
-    return steps * cfg.batch_size / (time.perf_counter() - start)
+
+    def run() -> None:
+        if t.batch_in_epoch + steps > t.steps_per_epoch * cfg.grad_accum:  # not enough left: a new epoch
+            t.epoch, t.batch_in_epoch = t.epoch + 1, 0
+        t.total_steps = t.step + steps
+        t.train_epoch()
+    run.trainer = t  # type: ignore[attr-defined]
+    return run
+
+
+def vitkit_train_throughput(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> float:
+    """img/s of the real trainer over ``steps`` (one timed call)."""
+    return throughput(vitkit_train_steps(cfg, data, steps, warmup), steps * cfg.batch_size, warmup=0, repeats=1)
 
 
 class _PilDataset(torch.utils.data.Dataset):
@@ -44,9 +56,10 @@ class _PilDataset(torch.utils.data.Dataset):
         return self.tf(img), int(self.labels[i])
 
 
-def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, steps: int = 30,
-                          precision: str = "fp32", pil: bool = True, lr: float = 1e-3) -> float:
-    """img/s of a plain loop: DataLoader (PIL per image) or in-memory tensors, AdamW, fp32 or bf16 autocast."""
+def plain_loop_steps(model: nn.Module, data: DataSplits, batch_size: int, steps: int = 30, precision: str = "fp32",
+                     pil: bool = True, lr: float = 1e-3) -> Callable[[], None]:
+    """A callable running ``steps`` steps of a plain loop (after 3 warm-up steps): DataLoader (PIL per image) or
+    in-memory tensors, AdamW, fp32 or bf16 autocast."""
     mean, std = data.mean_std()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -54,7 +67,14 @@ def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, s
         loader = torch.utils.data.DataLoader(_PilDataset(data.train.images, data.train.labels, mean, std),
                                              batch_size=batch_size, shuffle=True, drop_last=True)
         it = iter(loader)
-        next_batch = lambda: next(it)  # noqa: E731
+
+        def next_batch():  # type: ignore[no-untyped-def]
+            nonlocal it
+            try:
+                return next(it)
+            except StopIteration:  # the next epoch
+                it = iter(loader)
+                return next(it)
     else:
         m = torch.tensor(mean).view(1, -1, 1, 1)
         s = torch.tensor(std).view(1, -1, 1, 1)
@@ -74,7 +94,15 @@ def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, s
 
     for _ in range(3):
         step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return steps * batch_size / (time.perf_counter() - start)
+
+    def run() -> None:
+        for _ in range(steps):
+            step()
+    return run
+
+
+def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, steps: int = 30,
+                          precision: str = "fp32", pil: bool = True, lr: float = 1e-3) -> float:
+    """img/s of a plain loop (``plain_loop_steps``) over ``steps`` (one timed call)."""
+    return throughput(plain_loop_steps(model, data, batch_size, steps, precision, pil, lr), steps * batch_size,
+                      warmup=0, repeats=1)

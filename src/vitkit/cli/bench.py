@@ -21,7 +21,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "CPU vitkit's attention kernel, built once in ~22 s; ~15-25 s to compile per model, batch "
                         "and dtype); --no-compile to skip")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput part")
-    p.add_argument("--train-steps", type=int, default=40)
+    p.add_argument("--train-steps", type=int, default=40,
+                   help="training steps timed per loop, in three parts taken round-robin")
     p.add_argument("--no-infer", action="store_true", help="skip the inference part")
     p.add_argument("--json", default=None, help="write all rows here")
     p.add_argument("--time-to-accuracy", default=None, metavar="RUN[,RUN]",
@@ -131,7 +132,8 @@ def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
 
     import torch
 
-    from ..bench.training import plain_loop_throughput, vitkit_train_throughput
+    from ..bench.timing import interleaved_throughput
+    from ..bench.training import plain_loop_steps, vitkit_train_steps
     from ..data.datasets import load_dataset
     from ..interop.timm import timm_kwargs
     from ..model.vit import flops_per_image
@@ -158,18 +160,21 @@ def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
                      "compute": compute, "impl": impl, "mode": mode, "img_s": img_s, "gflop_per_img": gf})
         print(f"  train {name}-recipe-vit b{cfg.batch_size} {impl:<11} {mode:<22} {img_s:8.1f} img/s")
 
-    row("vitkit", f"trainer ({precision})", vitkit_train_throughput(cfg, data, steps), precision)
+    # --train-steps in all, timed round-robin in three parts: the machine's drift falls on every loop alike
+    part = max(steps // 3, 1)
+    runs = [("vitkit", f"trainer ({precision})", precision, vitkit_train_steps(cfg, data, part))]
+    loops = [("plain loop (fp32)", "fp32", False)] + [("plain loop (bf16)", "bf16", False)] * with_bf16 \
+        + [("tutorial loop (PIL, fp32)", "fp32", True)]
     try:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:
-        return rows
-    for loop_precision in ("fp32", "bf16") if with_bf16 else ("fp32",):
+        loops = []  # the trainer's row alone
+    for mode, loop_precision, pil in loops:
         torch.manual_seed(0)
         ref = TimmViT(**timm_kwargs(model.config))
-        row("timm", f"plain loop ({loop_precision})",
-            plain_loop_throughput(ref, data, cfg.batch_size, steps, loop_precision, pil=False), loop_precision)
-    torch.manual_seed(0)
-    ref = TimmViT(**timm_kwargs(model.config))
-    row("timm", "tutorial loop (PIL, fp32)", plain_loop_throughput(ref, data, cfg.batch_size, steps, "fp32", pil=True),
-        "fp32")
+        runs.append(("timm", mode, loop_precision,
+                     plain_loop_steps(ref, data, cfg.batch_size, part, loop_precision, pil=pil)))
+    rates = interleaved_throughput([run for *_, run in runs], part * cfg.batch_size, warmup=0, repeats=3)
+    for (impl, mode, compute, _), img_s in zip(runs, rates):
+        row(impl, mode, img_s, compute)
     return rows

@@ -70,6 +70,8 @@ class Trainer:
         self._build()
         self.threads_note = self._choose_threads()  # before compiling: Inductor's kernels keep the count they saw
         self.budget_note = self._fit_to_budget()
+        if self.cfg is not cfg:  # few_epochs built a smaller model, whose step may want fewer threads
+            self.threads_note = self._choose_threads()
         cfg = self.cfg
         self.train_model = model_for_training(self.model, cfg, self.device, self.precision, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
