@@ -15,9 +15,7 @@ AVX-512 CPU's, not an AVX2 CPU's).
 Variants: ``fused`` AdamW's fused step; ``channels_last`` that and NHWC activations for the conv stem; ``compiled``
 torch.compile of the model (what the trainer does) and the fused step; ``compiled_exact`` that with the exact
 attention path (two matmuls and a softmax, fused by Inductor) instead of SDPA; ``whole_step`` forward, backward
-(compiled autograd) and the optimizer step captured by one torch.compile; ``cpp_wrapper`` compiled_exact with
-Inductor's C++ wrapper (kernels called from C++, not Python); ``autotune`` compiled_exact with max-autotune and
-Inductor's C++ GEMM template as a candidate for every matmul; ``*_conv_embed`` the patch embedding computed
+(compiled autograd) and the optimizer step captured by one torch.compile; ``*_conv_embed`` the patch embedding computed
 as the P x P stride-P convolution (timm's and the tutorials' way; vitkit's is one matmul over the flattened patches).
 The ratios are against the first variant given. Not a test: numbers, no assertions.
 """
@@ -32,10 +30,7 @@ import vitkit
 from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config, steps_on_one_batch
 from vitkit.bench.timing import interleaved_throughput
 
-VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step", "cpp_wrapper", "autotune")
-# Inductor options of the variants compiled with the exact attention path
-OPTIONS = {"compiled_exact": {}, "cpp_wrapper": {"cpp_wrapper": True},
-           "autotune": {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}}
+VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step")
 p = argparse.ArgumentParser()
 p.add_argument("--depth", type=int, default=6)
 p.add_argument("--hybrid", default="conv:32,32", help="the conv stem (the recipes: conv:32,32), or 'none'")
@@ -64,12 +59,11 @@ def make(variant: str):  # type: ignore[no-untyped-def]
         embed.forward = lambda x: embed.proj(embed.backbone(x) if hasattr(embed, "backbone") else x).flatten(2).mT
     if variant == "channels_last":
         model, inputs = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
-    if variant in OPTIONS:
+    if variant == "compiled_exact":
         model.set_attention("exact")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=variant != "plain")
     if variant != "whole_step":
-        forward = (torch.compile(model, options=OPTIONS[variant]) if variant in OPTIONS
-                   else torch.compile(model) if variant == "compiled" else model)
+        forward = torch.compile(model) if variant.startswith("compiled") else model
         return steps_on_one_batch(forward, opt, inputs, y, args.steps, precision="fp32")
 
     @torch.compile
