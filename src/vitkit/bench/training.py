@@ -100,9 +100,3 @@ def plain_loop_steps(model: nn.Module, data: DataSplits, batch_size: int, steps:
             step()
     return run
 
-
-def plain_loop_throughput(model: nn.Module, data: DataSplits, batch_size: int, steps: int = 30,
-                          precision: str = "fp32", pil: bool = True, lr: float = 1e-3) -> float:
-    """img/s of a plain loop (``plain_loop_steps``) over ``steps`` (one timed call)."""
-    return throughput(plain_loop_steps(model, data, batch_size, steps, precision, pil, lr), steps * batch_size,
-                      warmup=0, repeats=1)
