@@ -404,7 +404,7 @@ def test_recipes_train_with_muon_in_fp32_on_a_cpu_and_adamw_elsewhere():
             assert recipe(name, limit).get("opt", TrainConfig().opt) == "adamw"
             TrainConfig.from_dict(fp32)  # every key is a TrainConfig key
     few = TrainConfig.from_dict({**recipe("cifar10", 30, cpu_fp32=True), "time_limit": 30}).for_few_epochs()
-    assert (few.crop_padding, few.hflip, few.smoothing, few.few_epochs) == (0, False, 0.0, None)  # ~3 epochs: plain
+    assert (few.crop_padding, few.hflip, few.smoothing, few.lr, few.few_epochs) == (0, False, 0.0, 0.003, None)
 
 
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)
