@@ -99,4 +99,3 @@ def plain_loop_steps(model: nn.Module, data: DataSplits, batch_size: int, steps:
         for _ in range(steps):
             step()
     return run
-

@@ -163,8 +163,10 @@ def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
     # --train-steps in all, timed round-robin in three parts: the machine's drift falls on every loop alike
     part = max(steps // 3, 1)
     runs = [("vitkit", f"trainer ({precision})", precision, vitkit_train_steps(cfg, data, part))]
-    loops = [("plain loop (fp32)", "fp32", False)] + [("plain loop (bf16)", "bf16", False)] * with_bf16 \
-        + [("tutorial loop (PIL, fp32)", "fp32", True)]
+    loops = [("plain loop (fp32)", "fp32", False), ("plain loop (bf16)", "bf16", False),
+             ("tutorial loop (PIL, fp32)", "fp32", True)]
+    if not with_bf16:
+        loops = [loop for loop in loops if loop[1] != "bf16"]
     try:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:
