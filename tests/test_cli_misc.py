@@ -174,6 +174,14 @@ def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_fin
     assert "digits " in capsys.readouterr().out
 
 
+def test_bench_refuses_counts_below_one_before_timing_anything(capsys):
+    for flag in ("--repeats", "--train-steps"):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", flag, "0"])
+        assert e.value.code == 2
+        assert f"argument {flag}: expected a whole number of at least 1, got '0'" in capsys.readouterr().err
+
+
 def test_bench_time_to_accuracy_checks_names_and_data_before_running(tmp_path, capsys):
     assert main(["bench", "--time-to-accuracy", "digits,fmnist7"]) == 2
     assert "'fmnist7': expected one of digits, fmnist5, fmnist30, cifar30" in capsys.readouterr().err

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .common import positive_int
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224")
@@ -15,13 +17,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="fp32,bf16 (default: fp32, and bf16 where this CPU computes in it natively; bf16 emulated "
                         "in fp32 runs 5-60x slower than fp32 and is only timed when asked for)")
     p.add_argument("--peers", default="timm,hf,torchvision")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the torch.compile'd vitkit model (max-autotune + freezing, and for bf16 on an AMX "
                         "CPU vitkit's attention kernel, built once in ~22 s; ~15-25 s to compile per model, batch "
                         "and dtype); --no-compile to skip")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput part")
-    p.add_argument("--train-steps", type=int, default=40,
+    p.add_argument("--train-steps", type=positive_int, default=40,
                    help="training steps timed per loop, in three parts taken round-robin")
     p.add_argument("--no-infer", action="store_true", help="skip the inference part")
     p.add_argument("--json", default=None, help="write all rows here")
