@@ -165,3 +165,81 @@ def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_int8_onnx_export_keeps_a_trained_models_accuracy_in_eval_and_predict(tmp_path, capsys):
+    """`vitkit export --int8` on a model trained on real digits: the file is onnxruntime's dynamic int8 layout (every
+    linear layer a MatMulInteger over int8 weights in 7 bits), and run by onnxruntime it scores what PyTorch's fp32
+    model scores within a point, predicting the same classes for real images."""
+    pytest.importorskip("onnxruntime")
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from vitkit.cli.main import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--no-compile", "--output", str(run)]) == 0  # the default recipe: ~96% in 10 epochs
+    out = str(tmp_path / "m8.onnx")
+    assert main(["export", "--checkpoint", str(run / "best"), "--format", "onnx", "--int8", "--out", out]) == 0
+    assert "int8 logits differ" in capsys.readouterr().out
+
+    graph = onnx.load(out).graph
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    model = vitkit.load(run / "best")
+    linears = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(linears) >= 4 * model.config.depth  # qkv, proj, fc1, fc2 of every block
+    for n in linears:
+        w = weights[n.input[1]]
+        # 7-bit: a pair of uint8 x int8 products, 2 x 255 x 64, stays under the int16 limit AVX2 sums them in
+        assert w.dtype == np.int8 and np.abs(w.astype(int)).max() <= 64
+    assert not any(n.op_type == "MatMul" and n.input[1] in weights and weights[n.input[1]].dtype == np.float32
+                   and weights[n.input[1]].ndim == 2 for n in graph.node)  # no linear layer left in fp32
+
+    scores = {}
+    for name, ckpt in (("fp32", run / "best"), ("int8", out)):
+        assert main(["eval", "--checkpoint", str(ckpt), "--dataset", "digits", "--out", str(tmp_path / name)]) == 0
+        scores[name] = json.loads((tmp_path / name / "eval.json").read_text())
+    assert "onnxruntime, int8" in capsys.readouterr().out
+    assert scores["fp32"]["top1"] > 90  # really trained
+    assert abs(scores["int8"]["top1"] - scores["fp32"]["top1"]) <= 1.0
+    assert scores["int8"]["n"] == scores["fp32"]["n"]
+
+    images = []
+    for i, a in enumerate(digits_arrays()[0][-8:]):
+        images.append(str(tmp_path / f"{i}.png"))
+        Image.fromarray(a).resize((32, 32)).save(images[-1])
+    tops = {}
+    for name, ckpt in (("fp32", run / "best"), ("int8", out)):
+        assert main(["predict", "--checkpoint", str(ckpt), *images, "--json"]) == 0
+        tops[name] = [r["top"][0]["class"] for r in json.loads(capsys.readouterr().out)]
+    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"])) >= 7
+
+
+def test_onnx_files_vitkit_cannot_run_are_refused_by_name(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from vitkit.cli.main import main
+
+    from onnx import TensorProto, helper, save
+
+    plain = tmp_path / "plain.onnx"  # a valid ONNX file (pixel_values -> logits) without vitkit's metadata
+    graph = helper.make_graph([helper.make_node("Identity", ["pixel_values"], ["logits"])], "plain",
+                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(plain))
+    assert main(["eval", "--checkpoint", str(plain)]) == 2
+    assert "plain.onnx: no 'vitkit.config' in the ONNX metadata" in capsys.readouterr().err
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\x08\x07garbage")
+    assert main(["predict", "--checkpoint", str(broken), str(plain)]) == 2
+    assert "broken.onnx: not an ONNX model onnxruntime can run" in capsys.readouterr().err
+    assert main(["inspect", "rollout", "--checkpoint", str(plain), "--out", str(tmp_path / "r.png")]) == 2
+    assert "needs the PyTorch weights" in capsys.readouterr().err
+    model = vitkit.VisionTransformer(tiny_config(num_classes=10, in_chans=1, img_size=8, patch_size=2))
+    model.save_pretrained(tmp_path / "m")
+    assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "safetensors", "--int8",
+                 "--out", str(tmp_path / "m.safetensors")]) == 2
+    assert "--int8 applies to --format onnx only" in capsys.readouterr().err
+    assert not (tmp_path / "m.safetensors").exists()

@@ -1,4 +1,5 @@
-"""Inference throughput of vitkit against timm, Hugging Face and torchvision on identical weights and inputs."""
+"""Inference throughput of vitkit against timm, Hugging Face, torchvision and onnxruntime on identical weights and
+inputs; and vitkit's int8 ONNX export (outputs not identical: its relative logit error is reported)."""
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,22 @@ def _peer_torchvision(model: VisionTransformer) -> torch.nn.Module | None:
         return None
 
 
+def _onnx(model: VisionTransformer, int8: bool = False) -> torch.nn.Module | None:
+    """``model`` exported to ONNX (int8 or fp32) and run by onnxruntime, if the onnx extra is installed."""
+    try:
+        from ..serving.onnx import OnnxModel, export_onnx
+        import onnxruntime  # noqa: F401  optional: the onnx extra
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.onnx"
+        export_onnx(model, path, atol=1e-3, int8=int8)
+        return OnnxModel(path)  # the session holds the graph: the file may go
+
+
 PEERS: dict[str, Callable[[VisionTransformer], torch.nn.Module | None]] = {
-    "timm": _peer_timm, "hf": _peer_hf, "torchvision": _peer_torchvision}
+    "timm": _peer_timm, "hf": _peer_hf, "torchvision": _peer_torchvision, "onnxruntime": _onnx}
+FP32_ONLY = ("onnxruntime",)  # peers timed in fp32 only (onnxruntime runs the fp32 export)
 
 
 def _runner(m: torch.nn.Module, x: torch.Tensor, mode: str) -> Callable[[], Any]:
@@ -81,10 +96,11 @@ def _runner(m: torch.nn.Module, x: torch.Tensor, mode: str) -> Callable[[], Any]
     return run
 
 
-def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = ("timm", "hf", "torchvision"),
-                    repeats: int = 5, compile: bool = False, log: Callable[[str], None] = print,
+def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = tuple(PEERS),
+                    repeats: int = 5, compile: bool = False, log: Callable[[str], None] = print, int8: bool = False,
                     **overrides: Any) -> list[dict[str, Any]]:
-    """Rows of {impl, mode, img_s, ...} for one model/batch/dtype; all on the same weights and inputs."""
+    """Rows of {impl, mode, img_s, ...} for one model/batch/dtype; all on the same weights and inputs. ``int8``
+    (fp32 groups): also vitkit's int8 ONNX export, whose ``max_abs_diff`` is then its relative logit error."""
     torch.manual_seed(0)
     model = create_model(name, **overrides).eval()
     with torch.no_grad():
@@ -100,6 +116,8 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         logits = out.float() if isinstance(out, torch.Tensor) else out
         err = float((logits - want).abs().max())
         tol = 1e-3 if dtype == "fp32" else 0.5
+        if compute == "int8":  # int8 changes the logits: a relative bound that only a broken export exceeds
+            err, tol = float((logits - want).norm() / want.norm()), 0.1
         if err > tol:  # proves the peers run the same weights; bf16 only roughly agrees
             raise RuntimeError(f"{impl} ({mode}) disagrees with vitkit by {err:.3g}: not the same model")
         runners.append((impl, mode, fn, err, compute))
@@ -110,8 +128,12 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         fp32_here = dtype == "bf16" and precision_of(fast.dtype) == "fp32"  # a CPU without native bf16: fp32 is faster
         add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else "")
             + (", fp32" if fp32_here else ""), lambda fast=fast: fast(x), "fp32" if fp32_here else dtype)
+    if int8 and dtype == "fp32" and (q := _onnx(model, int8=True)) is not None:
+        add("vitkit", "int8 onnx (onnxruntime)", _runner(q, x, "fp32"), "int8")
     modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
     for peer in peers:
+        if peer in FP32_ONLY and dtype != "fp32":
+            continue
         m = PEERS[peer](model)
         if m is None:
             continue

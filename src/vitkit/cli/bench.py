@@ -16,7 +16,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default=None,
                    help="fp32,bf16 (default: fp32, and bf16 where this CPU computes in it natively; bf16 emulated "
                         "in fp32 runs 5-60x slower than fp32 and is only timed when asked for)")
-    p.add_argument("--peers", default="timm,hf,torchvision")
+    p.add_argument("--peers", default="timm,hf,torchvision,onnxruntime",
+                   help="implementations to time on the same weights (onnxruntime: the fp32 ONNX export)")
+    p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time vitkit's int8 ONNX export (`vitkit export --int8`; fp32 rows, needs the onnx "
+                        "extra); its logits differ a little, so the table gives its relative error")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the torch.compile'd vitkit model (max-autotune + freezing, and for bf16 on an AMX "
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         for k, (name, b, dt) in enumerate(groups, 1):
             print(f"[{k}/{len(groups)}] inference {name} batch {b} {dt} ...", flush=True)
             rows += bench_inference(name, b, dt, tuple(p for p in args.peers.split(",") if p), repeats=args.repeats,
-                                    compile=args.compile)
+                                    compile=args.compile, int8=args.int8)
     if not args.no_train:
         print("training throughput ...", flush=True)
         rows += _train_rows(args.train_steps, "bf16" in dtypes)
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                                                                          r.get("task"))]
         r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
         flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
-        r["frac_of_ceiling"] = flop_s / ceiling["bf16" if r["compute"] == "bf16" else "fp32"]
+        r["frac_of_ceiling"] = flop_s / ceiling.get(r["compute"], float("nan"))  # no int8 ceiling is timed
     print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<27}{'img/s':>9} "
           f"{'vs best peer':>13} {'of ceiling':>11}")
     for r in rows:
@@ -97,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
               f"{r['mode']:<27}{r['img_s']:>9.1f} {ratio:>13} " + (f"{100 * r['frac_of_ceiling']:>10.0f}%"
                                                                    if r["frac_of_ceiling"] == r["frac_of_ceiling"]
                                                                    else f"{'-':>11}"))
+    for r in rows:
+        if r["compute"] == "int8":
+            print(f"{r['model']} b{r['batch']} int8: logits {100 * r['max_abs_diff']:.1f}% off fp32 (relative, random "
+                  "inputs); its accuracy on your data: `vitkit export --int8`, then `vitkit eval`")
     print(f"(measured on {cpu_kind()})")
     _write_json(args.json, {"cpu": cpu_kind(), "ceiling_flop_s": ceiling, "rows": rows})
     return 0

@@ -113,10 +113,23 @@ def add_weights_flags(p: argparse.ArgumentParser) -> None:
                    help="with --model: its registered weights (the default), or a Hub id / URL / file holding them")
 
 
-def load_weights(args: argparse.Namespace, **overrides: Any) -> Any:
-    """The model ``add_weights_flags`` asked for."""
+def load_weights(args: argparse.Namespace, onnx: bool = False, **overrides: Any) -> Any:
+    """The model ``add_weights_flags`` asked for; with ``onnx``, an ``.onnx`` file from ``vitkit export`` too (run
+    by onnxruntime: logits only)."""
     if getattr(args, "checkpoint", None):
         from ..interop import load
+
+        if str(args.checkpoint).endswith(".onnx"):
+            if not onnx:
+                raise ValueError(f"{args.checkpoint}: this command needs the PyTorch weights (an ONNX file gives "
+                                 "logits only: `vitkit eval` and `vitkit predict` run it); pass the run or "
+                                 "checkpoint folder it was exported from")
+            if overrides:
+                raise ValueError(f"{args.checkpoint}: an ONNX file runs at the size it was exported at; "
+                                 f"{', '.join(overrides)} cannot be changed")
+            from ..serving.onnx import OnnxModel
+
+            return OnnxModel(args.checkpoint)
 
         return load(args.checkpoint, **overrides)
     from .. import create_model

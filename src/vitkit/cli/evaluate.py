@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 import yaml
 
 from ..training.evaluate import EVAL_BATCH_SIZE
@@ -47,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.precision import dtype_of, precision_of
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
+    from ..serving.onnx import OnnxModel
 
     apply_threads(args)
     _run_dataset_defaults(args)
-    model = load_weights(args, **({"img_size": args.img_size} if args.img_size else {}))
+    model = load_weights(args, onnx=True, **({"img_size": args.img_size} if args.img_size else {}))
     pre = getattr(model, "preprocessing", None) or {}
     data = load_data_from_args(args)
     c = model.config
@@ -59,19 +61,25 @@ def run(args: argparse.Namespace) -> int:
                          f"has {data.num_classes} / {data.in_chans}")
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
-    device = resolve_device(args.device)
-    fast = optimize_for_inference(model.to(device), dtype_of(args.precision))
+    onnx = isinstance(model, OnnxModel)
+    device = torch.device("cpu") if onnx else resolve_device(args.device)
+    fast = model if onnx else optimize_for_inference(model.to(device), dtype_of(args.precision))
     split = data.val if args.split == "val" else data.train
     m = evaluate(fast, split, normalizer(pre, c), c.num_classes, device, args.batch_size)
     names = pre.get("class_names") or data.classes
-    ran = precision_of(fast.dtype)  # bf16 asked for on a CPU without it: fp32
-    print(f"{data.name} {args.split}: {m['n']} images, {ran}"
-          + (" (this CPU has no native bf16: fp32 is faster)" if ran != args.precision else ""))
+    if onnx:
+        print(f"{data.name} {args.split}: {m['n']} images, onnxruntime, "
+              + (f"int8 ({model.int8})" if model.int8 else "fp32"))
+    else:
+        ran = precision_of(fast.dtype)  # bf16 asked for on a CPU without it: fp32
+        print(f"{data.name} {args.split}: {m['n']} images, {ran}"
+              + (" (this CPU has no native bf16: fp32 is faster)" if ran != args.precision else ""))
     print(f"top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  loss {m['loss']:.4f}")
     width = max(len(n) for n in names)
     for n, a in zip(names, m["per_class_acc"]):
         print(f"  {n:<{width}}  {a:6.2f}%")
-    out = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint else
+    out = Path(args.out) if args.out else (Path(args.checkpoint).with_suffix("") / "eval" if onnx else
+                                           Path(args.checkpoint) / "eval" if args.checkpoint else
                                            Path("eval") / args.weights_model.replace("/", "_"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"dataset": data.name, "split": args.split, "classes": names, **m},

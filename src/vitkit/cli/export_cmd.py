@@ -14,6 +14,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--opset", type=int, default=18, help="ONNX opset")
     p.add_argument("--atol", type=float, default=1e-4, help="ONNX: largest allowed difference to PyTorch")
+    p.add_argument("--int8", action="store_true",
+                   help="ONNX: int8 weights (onnxruntime dynamic quantization; ViT-B/16 ~3x faster on a CPU with "
+                        "VNNI/AMX). Changes the outputs a little: measure with `vitkit eval --checkpoint OUT`")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..interop import load, to_hf, to_jax_npz, to_timm
 
+    if args.int8 and args.format != "onnx":
+        raise ValueError("--int8 applies to --format onnx only")
     out = Path(args.out)
     refuse_overwrite(out)
     model = load(args.checkpoint).eval()
@@ -40,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "onnx":
         from ..serving.onnx import export_onnx
 
-        diff = export_onnx(model, out, opset=args.opset, atol=args.atol)
-        print(f"onnxruntime max abs difference to PyTorch: {diff:.2e} (limit {args.atol:g})")
+        diff = export_onnx(model, out, opset=args.opset, atol=args.atol, int8=args.int8)
+        if args.int8:
+            print(f"int8 logits differ from PyTorch's fp32 by {diff:.1%} of their size on random images; the "
+                  f"accuracy on your data: vitkit eval --checkpoint {out}")
+        else:
+            print(f"onnxruntime max abs difference to PyTorch: {diff:.2e} (limit {args.atol:g})")
     print(f"wrote {out}")
     return 0

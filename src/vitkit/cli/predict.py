@@ -23,7 +23,7 @@ def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dic
     from ..data.preprocess import image_files, images_to_tensor, load_images
 
     paths = image_files(paths)
-    device = next(model.parameters()).device
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))  # an OnnxModel has none
     x = images_to_tensor(load_images(paths), preprocessing, model.config).to(device)
     probs = torch.softmax(model(x).float(), dim=-1)
     names = preprocessing.get("class_names") or [str(i) for i in range(probs.shape[1])]
@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import preprocessing_of
     from ..runtime.inference import optimize_for_inference
     from ..runtime.device import resolve_device
+    from ..serving.onnx import OnnxModel
 
     apply_threads(args)
-    model = load_weights(args).to(resolve_device(args.device))
+    model = load_weights(args, onnx=True)
     pre = preprocessing_of(model)
-    fast = optimize_for_inference(model)
+    fast = model if isinstance(model, OnnxModel) else optimize_for_inference(model.to(resolve_device(args.device)))
     results = predict(fast, pre, args.images, args.topk)
     if args.json:
         print(json.dumps(results, indent=1))
