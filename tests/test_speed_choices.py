@@ -3,7 +3,11 @@ of the real machine (those are benchmarks): the workloads here are built so the 
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -185,3 +189,30 @@ def test_the_thread_probe_leaves_no_trace_on_the_run():
     (a, rng_a), (b, rng_b) = states
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # BatchNorm's statistics included
     assert torch.equal(rng_a, rng_b)
+
+
+def test_as_cpu_kind_makes_pytorch_dispatch_as_the_smaller_cpu(tmp_path):
+    """benchmarks/as_cpu_kind.sh (the stand-in for the AVX2-only and AVX-512-only kinds) clears cpuid bits: PyTorch's
+    own CPU detection (the cpuinfo library) must then pick the smaller kind's kernels, and cpu_kind() say so."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    if "cpuid_fault" not in info.split():
+        pytest.skip("this CPU or kernel cannot make cpuid fault (no cpuid_fault in /proc/cpuinfo)")
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build benchmarks/cpuid_mask.c")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "as_cpu_kind.sh"
+    probe = ("import torch; from vitkit.runtime.cpu import cpu_kind; "
+             "print(torch.backends.cpu.get_cpu_capability(), torch.cpu._is_amx_tile_supported(), cpu_kind())")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("PYTHONFAULTHANDLER", None)  # its SIGSEGV handler would take the cpuid faults
+    has_avx512 = "avx512f" in info.split()
+    for kind, want in (("avx2", "AVX2"), ("avx512", "AVX512" if has_avx512 else "AVX2")):
+        r = subprocess.run(["bash", str(script), kind, sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        capability, amx, kind_text = r.stdout.strip().split(" ", 2)
+        assert capability == want and amx == "False"
+        assert kind_text.endswith("(fp32)")  # no native bf16 seen: precision auto trains in fp32
+        if has_avx512 and kind == "avx2":
+            assert kind_text.endswith("run as AVX2 (fp32)"), kind_text
+    r = subprocess.run(["bash", str(script), "sse", "true"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: as_cpu_kind.sh {avx2|avx512}" in r.stderr

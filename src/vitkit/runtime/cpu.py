@@ -36,6 +36,18 @@ UNITS = (("amx_bf16", "AMX", "amx"), ("avx512_bf16", "AVX512-BF16", "avx512bf16"
          ("avx2", "AVX2", "avx2"))
 
 
+def _units(flags: frozenset[str]) -> list[str]:
+    return [u for f, u, _ in UNITS[:2] if f in flags] or [next((u for f, u, _ in UNITS[2:] if f in flags), "no AVX2")]
+
+
+def _hidden() -> frozenset[str]:
+    """Flags /proc/cpuinfo lists but PyTorch's own cpuid check (what the kernels dispatch on) does not see."""
+    cpu = torch.cpu
+    checks = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+              "avx512f": "_is_avx512_supported", "avx2": "_is_avx2_supported"}
+    return frozenset(f for f, check in checks.items() if not getattr(cpu, check, lambda: True)())
+
+
 @functools.cache
 def cpu_kind() -> str:
     """e.g. ``"AMD EPYC, AVX2 (fp32)"``, ``"Intel Xeon, AVX-512 (fp32)"``, ``"Intel Xeon, AMX + AVX512-BF16"``.
@@ -45,8 +57,10 @@ def cpu_kind() -> str:
     vendor = " ".join(name.replace("(R)", "").replace("(TM)", "").split()[:2]) or platform.processor() \
         or platform.machine()
     if flags:
-        units = [u for f, u, _ in UNITS[:2] if f in flags] or \
-            [next((u for f, u, _ in UNITS[2:] if f in flags), "no AVX2")]
+        units = _units(flags)
+        seen = _units(flags - _hidden())
+        if seen != units:  # run as a smaller CPU (a cpuid mask, benchmarks/as_cpu_kind.sh): say both
+            units = [f"{' + '.join(units)} run as {' + '.join(seen)}"]
     else:  # no /proc/cpuinfo: PyTorch's own dispatch level says as much
         units = [torch.backends.cpu.get_cpu_capability()]
     return f"{vendor}, {' + '.join(units)}" + ("" if cpu_has_native_bf16() else " (fp32)")
@@ -55,6 +69,7 @@ def cpu_kind() -> str:
 def cpu_kind_short() -> str:
     """A column-friendly form: ``amd-avx2``, ``intel-avx512``, ``intel-amx``, ``amd-avx512bf16``."""
     name, flags = _cpuinfo()
+    flags -= _hidden()  # the kind as run (benchmarks/as_cpu_kind.sh)
     vendor = "amd" if "AMD" in name else "intel" if "Intel" in name else platform.machine().lower()
     unit = next((key for f, _, key in UNITS if f in flags), torch.backends.cpu.get_cpu_capability().lower())
     return f"{vendor}-{unit}"
