@@ -2,9 +2,10 @@
 // answering it in a SIGSEGV handler with feature bits cleared. VITKIT_AS_CPU=avx2 (default): no AVX-512, VNNI, AMX
 // or AVX512-BF16, as an AMD EPYC Zen 2/3; VITKIT_AS_CPU=avx512: AVX-512 kept, VNNI, AMX, AVX512-BF16 and FP16
 // cleared, as a Skylake-SP Xeon. The setting is per thread and inherited by threads and child processes started
-// later; a program that installs its own SIGSEGV handler (Python's faulthandler, so not under pytest) takes the
-// faults itself. See as_cpu_kind.sh.
+// later (Inductor's compiler runs too). A program's own SIGSEGV handler (gcc's, Python's faulthandler) is kept aside
+// by the signal/sigaction wrappers below and called for every fault that is not a cpuid. See as_cpu_kind.sh.
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,18 +18,51 @@
 #define BIT(n) (1u << (n))
 
 static int keep_avx512;
+static struct sigaction program_action;  // the SIGSEGV handler the program asked for (SIG_DFL until it asks)
+
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+
+static sigaction_fn real_sigaction(void) {
+  static sigaction_fn fn;
+  if (!fn) fn = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+  return fn;
+}
+
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+  if (sig != SIGSEGV) return real_sigaction()(sig, act, old);
+  if (old) *old = program_action;
+  if (act) program_action = *act;
+  return 0;
+}
+
+sighandler_t signal(int sig, sighandler_t handler) {
+  struct sigaction act, old;
+  memset(&act, 0, sizeof act);
+  act.sa_handler = handler;
+  act.sa_flags = SA_RESTART;
+  if (sigaction(sig, &act, &old) != 0) return SIG_ERR;
+  return old.sa_handler;
+}
 
 static void real_cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
 }
 
 static void handler(int sig, siginfo_t *si, void *ctx_) {
-  (void)sig; (void)si;
   ucontext_t *ctx = (ucontext_t *)ctx_;
   greg_t *g = ctx->uc_mcontext.gregs;
   unsigned char *ip = (unsigned char *)g[REG_RIP];
-  if (!(ip[0] == 0x0F && ip[1] == 0xA2)) {  // not cpuid: a real crash, left to the default action
-    signal(SIGSEGV, SIG_DFL);
+  if (!(ip[0] == 0x0F && ip[1] == 0xA2)) {  // not cpuid: a real fault, for the program's handler or the default
+    if (program_action.sa_flags & SA_SIGINFO) {
+      program_action.sa_sigaction(sig, si, ctx_);
+    } else if (program_action.sa_handler != SIG_DFL && program_action.sa_handler != SIG_IGN) {
+      program_action.sa_handler(sig);
+    } else {
+      struct sigaction dfl;
+      memset(&dfl, 0, sizeof dfl);
+      dfl.sa_handler = SIG_DFL;
+      real_sigaction()(SIGSEGV, &dfl, 0);  // the instruction faults again, now with the default action
+    }
     return;
   }
   uint32_t leaf = (uint32_t)g[REG_RAX], sub = (uint32_t)g[REG_RCX], r[4];
@@ -58,6 +92,7 @@ __attribute__((constructor)) static void init(void) {
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = handler;
   sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-  sigaction(SIGSEGV, &sa, 0);
+  program_action.sa_handler = SIG_DFL;
+  real_sigaction()(SIGSEGV, &sa, 0);
   syscall(SYS_arch_prctl, ARCH_SET_CPUID, 0);
 }
