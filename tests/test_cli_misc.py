@@ -1,4 +1,6 @@
 """Smaller CLI commands and public names from INTERFACE.md."""
+import json
+
 import pytest
 import torch
 
@@ -106,13 +108,29 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
     monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: next(ceilings))
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "fp32", "--peers",
-                 "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
+                 "timm", "--repeats", "1", "--no-compile", "--no-int8", "--no-train", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["ceiling_flop_s"] == {"fp32": 300e9, "bf16": 200e9}
     for r in result["rows"]:
         assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / 300e9)
     assert {r["impl"] for r in result["rows"]} == {"vitkit", "timm"}
     assert "the higher of the two is used" in capsys.readouterr().out
+
+
+def test_bench_times_onnxruntime_as_a_peer_and_vitkits_int8_export_beside_it():
+    pytest.importorskip("onnxruntime")
+    from vitkit.bench import inference
+
+    small = {"img_size": 32, "patch_size": 8, "num_classes": 10}
+    inference._ONNX.clear()
+    for batch in (1, 3):  # the second batch size reuses the first one's export
+        rows = inference.bench_inference("vit_tiny_patch16_224", batch, "fp32", peers=("timm", "onnxruntime"),
+                                         repeats=1, int8=True, log=lambda _: None, **small)
+        by = {(r["impl"], r["compute"]): r for r in rows}
+        assert set(by) == {("vitkit", "fp32"), ("vitkit", "int8"), ("timm", "fp32"), ("onnxruntime", "fp32")}
+        assert by[("onnxruntime", "fp32")]["max_abs_diff"] <= 1e-3  # the same model (checked before timing)
+        assert 0 < by[("vitkit", "int8")]["max_abs_diff"] <= 0.1  # relative: moved, but not broken
+    assert len(inference._ONNX) == 1
 
 
 def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_against_the_fp32_ceiling(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -63,17 +64,29 @@ def _peer_torchvision(model: VisionTransformer) -> torch.nn.Module | None:
         return None
 
 
+_ONNX: dict[str, dict[bool, torch.nn.Module]] = {}  # weights' digest -> {int8: session}: one export per model
+
+
 def _onnx(model: VisionTransformer, int8: bool = False) -> torch.nn.Module | None:
-    """``model`` exported to ONNX (int8 or fp32) and run by onnxruntime, if the onnx extra is installed."""
+    """``model`` exported to ONNX (int8 or fp32) and run by onnxruntime, if the onnx extra is installed. Both
+    files come from one export, kept for the process: the batch sizes of one model share them."""
     try:
-        from ..serving.onnx import OnnxModel, export_onnx
+        from ..serving.onnx import OnnxModel, check_int8, export_onnx, quantize_int8
         import onnxruntime  # noqa: F401  optional: the onnx extra
     except ImportError:
         return None
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "model.onnx"
-        export_onnx(model, path, atol=1e-3, int8=int8)
-        return OnnxModel(path)  # the session holds the graph: the file may go
+    digest = hashlib.blake2b(digest_size=16)
+    for t in model.state_dict().values():
+        digest.update(t.detach().float().contiguous().numpy().tobytes())
+    key = digest.hexdigest()
+    if key not in _ONNX:
+        with tempfile.TemporaryDirectory() as d:
+            fp32, q = Path(d) / "fp32.onnx", Path(d) / "int8.onnx"
+            export_onnx(model, fp32, atol=1e-3)
+            quantize_int8(fp32, q)
+            check_int8(model, q)
+            _ONNX[key] = {False: OnnxModel(fp32), True: OnnxModel(q)}  # the sessions hold the graphs: files may go
+    return _ONNX[key][int8]
 
 
 PEERS: dict[str, Callable[[VisionTransformer], torch.nn.Module | None]] = {

@@ -45,7 +45,7 @@ def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, ato
     path = Path(path)
     batch = torch.export.Dim("batch", min=1, max=4096)
     torch.onnx.export(m, (x,), str(path), input_names=["pixel_values"], output_names=["logits"], opset_version=opset,
-                      dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False)
+                      dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False, verbose=False)
     write_metadata(path, {"vitkit.config": m.config.to_dict(), "vitkit.preprocessing": preprocessing_of(model)})
     return check_onnx(m, path, atol)
 
