@@ -1,5 +1,4 @@
 """Smaller CLI commands and public names from INTERFACE.md."""
-import json
 
 import pytest
 import torch
