@@ -2,6 +2,7 @@
 # Run a command on this x86 CPU as one of the smaller kinds the project meets:
 #   avx2    AVX2 only (the AMD EPYC kind: no AVX-512, VNNI, AMX or AVX512-BF16)
 #   avx512  AVX-512 without VNNI, AMX or AVX512-BF16 (a Skylake-SP Xeon)
+#   avx512vnni  the same with AVX512-VNNI (a Cascade Lake Xeon)
 # Every library that asks the CPU what it has (PyTorch's dispatch, oneDNN, MKL, Inductor, onnxruntime's MLAS) gets a
 # cpuid answer with those bits cleared (cpuid_mask.c, loaded with LD_PRELOAD) and picks that kind's code. The
 # environment variables of as_cpu_without_bf16.py reach PyTorch's libraries only; this reaches onnxruntime too.
@@ -15,8 +16,8 @@
 set -euo pipefail
 kind=${1:-}
 case "$kind" in
-    avx2|avx512) shift ;;
-    *) echo "usage: as_cpu_kind.sh {avx2|avx512} COMMAND [ARGS...]" >&2; exit 2 ;;
+    avx2|avx512|avx512vnni) shift ;;
+    *) echo "usage: as_cpu_kind.sh {avx2|avx512|avx512vnni} COMMAND [ARGS...]" >&2; exit 2 ;;
 esac
 if ! grep -qw cpuid_fault /proc/cpuinfo; then
     echo "as_cpu_kind.sh: this CPU or kernel cannot make cpuid fault (no cpuid_fault in /proc/cpuinfo)" >&2

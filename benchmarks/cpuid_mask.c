@@ -1,7 +1,7 @@
 // LD_PRELOAD: make this process see a smaller x86 CPU, by having cpuid fault (arch_prctl ARCH_SET_CPUID) and
 // answering it in a SIGSEGV handler with feature bits cleared. VITKIT_AS_CPU=avx2 (default): no AVX-512, VNNI, AMX
 // or AVX512-BF16, as an AMD EPYC Zen 2/3; VITKIT_AS_CPU=avx512: AVX-512 kept, VNNI, AMX, AVX512-BF16 and FP16
-// cleared, as a Skylake-SP Xeon. The setting is per thread and inherited by threads and child processes started
+// cleared, as a Skylake-SP Xeon; VITKIT_AS_CPU=avx512vnni: the same with AVX512-VNNI kept, as a Cascade Lake. The setting is per thread and inherited by threads and child processes started
 // later (Inductor's compiler runs too). A program's own SIGSEGV handler (gcc's, Python's faulthandler) is kept aside
 // by the signal/sigaction wrappers below and called for every fault that is not a cpuid. See as_cpu_kind.sh.
 #define _GNU_SOURCE
@@ -17,7 +17,7 @@
 
 #define BIT(n) (1u << (n))
 
-static int keep_avx512;
+static int keep_avx512, keep_vnni;
 static struct sigaction program_action;  // the SIGSEGV handler the program asked for (SIG_DFL until it asks)
 
 typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
@@ -72,8 +72,8 @@ static void handler(int sig, siginfo_t *si, void *ctx_) {
   if (leaf == 7 && sub == 0) {
     // EBX: AVX512 F, DQ, IFMA, PF, ER, CD, BW, VL
     if (!keep_avx512) r[1] &= ~(BIT(16) | BIT(17) | BIT(21) | BIT(26) | BIT(27) | BIT(28) | BIT(30) | BIT(31));
-    // ECX: AVX512 VBMI, VBMI2, VNNI, BITALG, VPOPCNTDQ (VNNI cleared in both modes)
-    r[2] &= keep_avx512 ? ~BIT(11) : ~(BIT(1) | BIT(6) | BIT(11) | BIT(12) | BIT(14));
+    // ECX: AVX512 VBMI, VBMI2, VNNI, BITALG, VPOPCNTDQ (VNNI kept for avx512vnni only)
+    r[2] &= keep_avx512 ? (keep_vnni ? ~0u : ~BIT(11)) : ~(BIT(1) | BIT(6) | BIT(11) | BIT(12) | BIT(14));
     // EDX: AVX512 4VNNIW, 4FMAPS, VP2INTERSECT, AMX-BF16, AVX512-FP16, AMX-TILE, AMX-INT8
     r[3] &= ~(BIT(2) | BIT(3) | BIT(8) | BIT(22) | BIT(23) | BIT(24) | BIT(25));
   } else if (leaf == 7 && sub == 1) {
@@ -87,7 +87,8 @@ static void handler(int sig, siginfo_t *si, void *ctx_) {
 
 __attribute__((constructor)) static void init(void) {
   const char *as = getenv("VITKIT_AS_CPU");
-  keep_avx512 = as && strcmp(as, "avx512") == 0;
+  keep_vnni = as && strcmp(as, "avx512vnni") == 0;
+  keep_avx512 = keep_vnni || (as && strcmp(as, "avx512") == 0);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = handler;

@@ -215,4 +215,4 @@ def test_as_cpu_kind_makes_pytorch_dispatch_as_the_smaller_cpu(tmp_path):
         if has_avx512 and kind == "avx2":
             assert kind_text.endswith("run as AVX2 (fp32)"), kind_text
     r = subprocess.run(["bash", str(script), "sse", "true"], capture_output=True, text=True)
-    assert r.returncode == 2 and "usage: as_cpu_kind.sh {avx2|avx512}" in r.stderr
+    assert r.returncode == 2 and "usage: as_cpu_kind.sh {avx2|avx512|avx512vnni}" in r.stderr

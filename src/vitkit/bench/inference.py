@@ -71,7 +71,7 @@ def _onnx(model: VisionTransformer, int8: bool = False) -> torch.nn.Module | Non
     """``model`` exported to ONNX (int8 or fp32) and run by onnxruntime, if the onnx extra is installed. Both
     files come from one export, kept for the process: the batch sizes of one model share them."""
     try:
-        from ..serving.onnx import OnnxModel, check_int8, export_onnx, quantize_int8
+        from ..serving.onnx import OnnxModel, check_int8, export_onnx, quantize_int8  # needs the onnx extra
         import onnxruntime  # noqa: F401  optional: the onnx extra
     except ImportError:
         return None

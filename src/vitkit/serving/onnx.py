@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..data.preprocess import preprocessing_of
-from ..model.config import to_2tuple
+from ..model.config import ViTConfig, to_2tuple
 from ..model.serialization import atomic_write
 from ..model.vit import VisionTransformer, set_attention
 
@@ -86,8 +86,8 @@ REDUCE_RANGE = True
 def quantize_int8(src: str | Path, dst: str | Path) -> None:
     """Dynamic int8 quantization of an fp32 ONNX file from ``export_onnx`` (onnxruntime.quantization): every MatMul
     and Gemm with a constant weight gets int8 weights per output channel; the vitkit metadata is kept."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # optional: the onnx extra
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # optional: the onnx extra
 
     src, dst = Path(src), Path(dst)
     meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props
@@ -130,8 +130,6 @@ class OnnxModel(torch.nn.Module):
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
         super().__init__()
         import onnxruntime as ort  # optional: the onnx extra
-
-        from ..model.config import ViTConfig
 
         self.path = Path(path)
         options = ort.SessionOptions()
