@@ -163,7 +163,7 @@ def test_bench_cli_without_native_bf16_times_no_bf16_unless_asked(tmp_path, caps
     monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: timed.append(dtype) or 300e9)
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--peers", "timm", "--repeats", "1",
-                 "--no-compile", "--no-train", "--json", str(out)]) == 0
+                 "--no-compile", "--no-int8", "--no-train", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert timed == [torch.float32, torch.float32] and {r["dtype"] for r in result["rows"]} == {"fp32"}
     said = capsys.readouterr().out
