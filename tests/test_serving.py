@@ -225,10 +225,15 @@ def test_onnx_files_vitkit_cannot_run_are_refused_by_name(tmp_path, capsys):
     broken.write_bytes(b"\x08\x07garbage")
     assert main(["predict", "--checkpoint", str(broken), str(plain)]) == 2
     assert "broken.onnx: not an ONNX model onnxruntime can run" in capsys.readouterr().err
-    assert main(["inspect", "rollout", "--checkpoint", str(plain), "--out", str(tmp_path / "r.png")]) == 2
-    assert "needs the PyTorch weights" in capsys.readouterr().err
     model = vitkit.VisionTransformer(tiny_config(num_classes=10, in_chans=1, img_size=8, patch_size=2))
     model.save_pretrained(tmp_path / "m")
+    assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "onnx",
+                 "--out", str(tmp_path / "m.onnx")]) == 0
+    for flags, said in ((["--device", "cuda"], "run on the CPU here"), (["--precision", "bf16"], "number format")):
+        assert main(["eval", "--checkpoint", str(tmp_path / "m.onnx"), *flags]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["inspect", "rollout", "--checkpoint", str(plain), "--out", str(tmp_path / "r.png")]) == 2
+    assert "needs the PyTorch weights" in capsys.readouterr().err
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "safetensors", "--int8",
                  "--out", str(tmp_path / "m.safetensors")]) == 2
     assert "--int8 applies to --format onnx only" in capsys.readouterr().err

@@ -48,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.precision import dtype_of, precision_of
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
-    from ..serving.onnx import OnnxModel
+    from ..serving.onnx import OnnxModel, refuse_onnx_options
 
     apply_threads(args)
     _run_dataset_defaults(args)
     model = load_weights(args, onnx=True, **({"img_size": args.img_size} if args.img_size else {}))
+    onnx = isinstance(model, OnnxModel)
+    if onnx:
+        refuse_onnx_options(args)  # before the data load: nothing runs that cannot be honoured
     pre = getattr(model, "preprocessing", None) or {}
     data = load_data_from_args(args)
     c = model.config
@@ -61,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
                          f"has {data.num_classes} / {data.in_chans}")
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
-    onnx = isinstance(model, OnnxModel)
     device = torch.device("cpu") if onnx else resolve_device(args.device)
     fast = model if onnx else optimize_for_inference(model.to(device), dtype_of(args.precision))
     split = data.val if args.split == "val" else data.train

@@ -122,6 +122,16 @@ def check_int8(model: VisionTransformer, path: str | Path, limit: float = 0.1, b
     return err
 
 
+def refuse_onnx_options(args: Any) -> None:
+    """``--device`` / ``--precision`` that an ONNX file cannot honour: an error, not a silent CPU fp32 run."""
+    if getattr(args, "device", "auto") not in ("auto", "cpu"):
+        raise ValueError(f"{args.checkpoint}: ONNX files run on the CPU here (onnxruntime's CPU provider); "
+                         f"--device {args.device} needs the PyTorch weights")
+    if getattr(args, "precision", "fp32") != "fp32":
+        raise ValueError(f"{args.checkpoint}: an ONNX file runs in the number format it was exported in "
+                         f"(fp32, or int8 with --int8); --precision {args.precision} needs the PyTorch weights")
+
+
 class OnnxModel(torch.nn.Module):
     """An ONNX file written by ``export_onnx`` run by onnxruntime on the CPU, with what ``vitkit eval`` and
     ``vitkit predict`` use of a model: ``config`` and ``preprocessing`` (read from the file's metadata) and
