@@ -179,6 +179,7 @@ def test_int8_onnx_export_is_onnxruntimes_int8_layout_and_runs_in_eval_and_predi
     from onnx import numpy_helper
 
     from vitkit.cli.main import main
+    from vitkit.data.preprocess import preprocessing_of
 
     model = vitkit.VisionTransformer(tiny_config(num_classes=10, in_chans=1, img_size=8, patch_size=2))
     with torch.no_grad():
@@ -188,7 +189,11 @@ def test_int8_onnx_export_is_onnxruntimes_int8_layout_and_runs_in_eval_and_predi
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "onnx", "--int8", "--out", out]) == 0
     assert "int8 logits differ" in capsys.readouterr().out
 
-    graph = onnx.load(out).graph
+    proto = onnx.load(out)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["vitkit.preprocessing"]) == preprocessing_of(vitkit.load(tmp_path / "m"))  # kept
+    assert json.loads(meta["vitkit.config"]) == model.config.to_dict()
+    graph = proto.graph
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     linears = [n for n in graph.node if n.op_type == "MatMulInteger"]
     assert len(linears) >= 4 * model.config.depth  # qkv, proj, fc1, fc2 of every block

@@ -115,7 +115,7 @@ def add_weights_flags(p: argparse.ArgumentParser) -> None:
 
 def load_weights(args: argparse.Namespace, onnx: bool = False, **overrides: Any) -> Any:
     """The model ``add_weights_flags`` asked for; with ``onnx``, an ``.onnx`` file from ``vitkit export`` too (run
-    by onnxruntime: logits only)."""
+    by onnxruntime: logits only; flags it cannot honour are refused here, before any data is loaded)."""
     if getattr(args, "checkpoint", None):
         from ..interop import load
 
@@ -127,6 +127,13 @@ def load_weights(args: argparse.Namespace, onnx: bool = False, **overrides: Any)
             if overrides:
                 raise ValueError(f"{args.checkpoint}: an ONNX file runs at the size it was exported at; "
                                  f"{', '.join(overrides)} cannot be changed")
+            if getattr(args, "device", "auto") not in ("auto", "cpu"):
+                raise ValueError(f"{args.checkpoint}: ONNX files run on the CPU here (onnxruntime's CPU provider); "
+                                 f"--device {args.device} needs the PyTorch weights")
+            if getattr(args, "precision", "fp32") != "fp32":
+                raise ValueError(f"{args.checkpoint}: an ONNX file runs in the number format it was exported in "
+                                 f"(fp32, or int8 with --int8); --precision {args.precision} needs the PyTorch "
+                                 "weights")
             from ..serving.onnx import OnnxModel
 
             return OnnxModel(args.checkpoint)

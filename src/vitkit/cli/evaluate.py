@@ -48,14 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.precision import dtype_of, precision_of
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
-    from ..serving.onnx import OnnxModel, refuse_onnx_options
+    from ..serving.onnx import OnnxModel
 
     apply_threads(args)
     _run_dataset_defaults(args)
     model = load_weights(args, onnx=True, **({"img_size": args.img_size} if args.img_size else {}))
     onnx = isinstance(model, OnnxModel)
-    if onnx:
-        refuse_onnx_options(args)  # before the data load: nothing runs that cannot be honoured
     pre = getattr(model, "preprocessing", None) or {}
     data = load_data_from_args(args)
     c = model.config

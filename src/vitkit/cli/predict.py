@@ -37,12 +37,10 @@ def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import preprocessing_of
     from ..runtime.inference import optimize_for_inference
     from ..runtime.device import resolve_device
-    from ..serving.onnx import OnnxModel, refuse_onnx_options
+    from ..serving.onnx import OnnxModel
 
     apply_threads(args)
     model = load_weights(args, onnx=True)
-    if isinstance(model, OnnxModel):
-        refuse_onnx_options(args)
     pre = preprocessing_of(model)
     fast = model if isinstance(model, OnnxModel) else optimize_for_inference(model.to(resolve_device(args.device)))
     results = predict(fast, pre, args.images, args.topk)
