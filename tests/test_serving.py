@@ -242,4 +242,7 @@ def test_onnx_files_vitkit_cannot_run_are_refused_by_name(tmp_path, capsys):
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "safetensors", "--int8",
                  "--out", str(tmp_path / "m.safetensors")]) == 2
     assert "--int8 applies to --format onnx only" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(tmp_path / "m"), "--format", "onnx", "--int8",
+                 "--out", str(tmp_path / "no" / "m8.onnx")]) == 2
+    assert f"the folder {tmp_path / 'no'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "m.safetensors").exists()

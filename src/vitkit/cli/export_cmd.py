@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--int8 applies to --format onnx only")
     out = Path(args.out)
     refuse_overwrite(out)
+    if args.format != "hf" and not out.parent.is_dir():  # said before the export, not as a temporary file's name
+        raise ValueError(f"--out {out}: the folder {out.parent} does not exist")
     model = load(args.checkpoint).eval()
     meta = {"vitkit_config": json.dumps(model.config.to_dict())}
     if args.format == "safetensors":
