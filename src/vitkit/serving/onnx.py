@@ -2,7 +2,7 @@
 
 int8 (``export_onnx(..., int8=True)``, ``vitkit export --format onnx --int8``) is onnxruntime's dynamic
 quantization: the linear layers' weights stored as int8 per output channel, each layer's input quantized to uint8
-on every call, products summed in int32. The matmuls of ViT-B/16 then run 3x faster than fp32 on the AMX Xeon
+on every call, products summed in int32. ViT-B/16 then runs 1.2-2.8x the fastest fp32 library, by CPU kind
 (docs: Speed); the outputs change a little, so the file's accuracy is measured, not assumed: ``vitkit eval
 --checkpoint model.onnx`` runs it on a dataset. Attention's two products (activation by activation) stay fp32.
 """
