@@ -2,7 +2,7 @@
 default for-each step), on a fixed batch, timed round-robin. What docs/speed.md says about the fp32 step comes
 from here.
 
-    python benchmarks/train_fp32_ab.py [--depth 6] [--hybrid conv:32,32|none] [--batch 128]
+    python benchmarks/train_fp32_ab.py [--depth 6] [--hybrid conv:32,32|none] [--batch 128] [--recipe cifar10]
                                        [--variants plain fused channels_last compiled compiled_exact whole_step
                                                    plain_conv_embed ... whole_step_conv_embed]
                                        [--csv results/train-fp32-ab.csv] [--simdlen 256]
@@ -27,11 +27,13 @@ import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
 import vitkit
-from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config, steps_on_one_batch
+from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config, recipe_vit_config, steps_on_one_batch
 from vitkit.bench.timing import interleaved_throughput
 
 VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step")
 p = argparse.ArgumentParser()
+p.add_argument("--recipe", choices=("fashion-mnist", "cifar10"), default="fashion-mnist",
+               help="whose model: cifar10 times the CIFAR-10 recipe's hybrid as configured (--depth, --hybrid unused)")
 p.add_argument("--depth", type=int, default=6)
 p.add_argument("--hybrid", default="conv:32,32", help="the conv stem (the recipes: conv:32,32), or 'none'")
 p.add_argument("--batch", type=int, default=128)
@@ -45,8 +47,12 @@ args = p.parse_args()
 if args.simdlen:
     inductor_config.cpp.simdlen = args.simdlen
 
-cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
-x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+if args.recipe == "cifar10":
+    cfg = recipe_vit_config("cifar10", in_chans=3, num_classes=10)
+    args.depth, args.hybrid = cfg.depth, cfg.hybrid
+else:
+    cfg = fashion_mnist_vit_config(args.depth, args.hybrid)
+x, y = torch.randn(args.batch, cfg.in_chans, cfg.img_size, cfg.img_size), torch.randint(0, 10, (args.batch,))
 
 
 def make(variant: str):  # type: ignore[no-untyped-def]
@@ -79,12 +85,12 @@ def make(variant: str):  # type: ignore[no-untyped-def]
     return run
 
 
-print(f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch.get_num_threads()} threads, "
+print(f"{args.recipe} model, depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch.get_num_threads()} threads, "
       f"torch {torch.__version__}, kernels {torch.backends.cpu.get_cpu_capability()}"
       + (f", Inductor simdlen {args.simdlen}" if args.simdlen else ""), flush=True)
 rates = interleaved_throughput([make(v) for v in args.variants], args.steps * args.batch, warmup=2,
                                repeats=args.repeats)
-model = f"depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
+model = f"{args.recipe + ' recipe, ' if args.recipe != 'fashion-mnist' else ''}depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
 cpu = cpu_label()
 rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2)}
         for v, r in zip(args.variants, rates)]

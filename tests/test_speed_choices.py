@@ -80,13 +80,16 @@ def test_a_step_slowed_by_another_process_threads_is_timed_and_gets_one_thread(m
     assert n == 1 and "measured" in note and torch.get_num_threads() == 1
 
 
-def test_compile_auto_compiles_where_it_pays():
+@pytest.mark.parametrize("avx2_only", [False, True])
+def test_compile_auto_compiles_where_it_pays(monkeypatch, avx2_only):
+    monkeypatch.setattr("vitkit.runtime.compile.cpu_is_avx2_only", lambda: avx2_only)
     assert should_compile("auto", CPU, "fp32", None)[0] is False  # no budget: the run may end before the compile
     assert should_compile("auto", CPU, "fp32", 2.0)[0] is False  # a budget too short to win the compile back
     for minutes in (5.0, 30.0):
         on, why = should_compile("auto", CPU, "fp32", minutes)
-        assert on == has_cxx_compiler()
+        assert on == (has_cxx_compiler() and not avx2_only)  # with AVX2 only, compiled fp32 ran no faster
         assert not on or why == f"compile auto -> on (fp32 on a {minutes:g}-minute budget)"
+        assert on or not has_cxx_compiler() or "without AVX-512" in why
     on, why = should_compile("auto", CPU, "bf16", None)
     assert on == (has_cxx_compiler() and cpu_has_amx()) and why.startswith("compile auto -> " + ("on" if on else "off"))
     assert should_compile("auto", CPU, "bf16", 2.0)[0] is False  # a budget too short to win the compile back

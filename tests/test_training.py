@@ -327,10 +327,11 @@ def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32
         assert "in fp32 on this CPU: opt adamw -> muon, muon_stem False -> True" in capsys.readouterr().out
 
 
-def test_a_muon_stem_that_cannot_apply_is_said_in_the_log():
+def test_a_muon_stem_or_embed_that_cannot_apply_is_said_in_the_log():
     lines: list[str] = []  # fp32 recipe (muon_stem) + the user's --opt adamw: the stem cannot be under Muon
-    Trainer(_cfg(epochs=1, opt="adamw", muon_stem=True), log=lines.append, progress=False).fit()
+    Trainer(_cfg(epochs=1, opt="adamw", muon_stem=True, muon_embed=True), log=lines.append, progress=False).fit()
     assert "muon_stem has no effect with --opt adamw: it puts the stem's filters under Muon" in lines
+    assert "muon_embed has no effect with --opt adamw: it puts the patch embedding under Muon" in lines
 
 
 def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_epochs(tmp_path, monkeypatch):
@@ -389,7 +390,8 @@ def test_the_users_flags_win_over_the_recipes_few_epochs_settings(capsys):
     assert recipe["below"] > 0 and recipe["model_args"]["depth"] and "lr" in recipe and "hflip" in recipe
     assert "model_args" not in few("--depth", "4")
     assert "lr" not in few("--lr", "0.01") and few("--lr", "0.01")["model_args"] == recipe["model_args"]
-    assert few("--lr", "0.01", "--depth", "4", "--crop-padding", "1", "--no-hflip") is None  # nothing left to change
+    assert few("--lr", "0.01", "--depth", "4", "--crop-padding", "1", "--no-hflip",
+               "--no-muon-embed") is None  # nothing left to change
     assert few("--no-few-epochs") is None
     assert few("--precision", "bf16") is None  # the section is the fp32 recipe's: a CPU that trains in bf16 is fast
 
@@ -550,27 +552,31 @@ def test_muon_updates_the_blocks_matrices_as_torch_muon_and_the_rest_as_adamw():
         build_optimizer(model, TrainConfig(opt="muon", muon_stem=True)).load_state_dict(state)
 
 
-def test_muon_stem_updates_each_conv_filter_bank_as_torch_muon_updates_its_out_by_in_k_k_matrix():
+@pytest.mark.parametrize("key", ["muon_stem", "muon_embed"])
+def test_muon_stem_and_embed_update_each_filter_bank_as_torch_muon_updates_its_out_by_in_k_k_matrix(key):
     import vitkit
     from vitkit.training.optim import build_optimizer
 
     torch.manual_seed(0)
     model = vitkit.create_model("vit_micro_patch4_32", img_size=28, patch_size=7, in_chans=1, num_classes=10,
                                 depth=1, hybrid="conv:8,8")
-    opt = build_optimizer(model, TrainConfig(opt="muon", lr=0.01, weight_decay=0.05, muon_stem=True))
+    opt = build_optimizer(model, TrainConfig(opt="muon", lr=0.01, weight_decay=0.05, **{key: True}))
     opt.muon.ns_dtype = torch.bfloat16  # torch.optim.Muon's
-    filters = model.patch_embed.backbone[3].weight  # the second conv: (8, 8, 3, 3)
-    assert any(p is filters for g in opt.muon.param_groups for p in g["params"])
-    assert not any(p is model.patch_embed.proj.weight for g in opt.muon.param_groups for p in g["params"])
-    matrix = torch.nn.Parameter(filters.detach().reshape(8, 72).clone())
+    under_muon = {id(p) for g in opt.muon.param_groups for p in g["params"]}
+    conv = model.patch_embed.backbone[3].weight  # the second conv: (8, 8, 3, 3)
+    embed = model.patch_embed.proj.weight  # E of Eq. 1 over 7x7 patches of the stem's 8 channels: (128, 8, 7, 7)
+    filters, other = (conv, embed) if key == "muon_stem" else (embed, conv)
+    assert id(filters) in under_muon and id(other) not in under_muon
+    shape = (len(filters), filters[0].numel())
+    matrix = torch.nn.Parameter(filters.detach().reshape(shape).clone())
     ref = torch.optim.Muon([matrix], lr=0.01, weight_decay=0.05, adjust_lr_fn="match_rms_adamw")
     for _ in range(2):
         torch.nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3])).backward()
-        matrix.grad = filters.grad.reshape(8, 72).clone()
+        matrix.grad = filters.grad.reshape(shape).clone()
         opt.step()
         ref.step()
         opt.zero_grad()
-    torch.testing.assert_close(filters.detach().reshape(8, 72), matrix.detach())
+    torch.testing.assert_close(filters.detach().reshape(shape), matrix.detach())
 
 
 @pytest.mark.parametrize("shape", [(3, 64, 160), (2, 160, 64), (1, 32, 32)])

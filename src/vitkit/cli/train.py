@@ -52,6 +52,7 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
 BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluated and saved)"),
               "--hflip": ("hflip", "random horizontal flips"),
               "--muon-stem": ("muon_stem", "with --opt muon: Muon for a hybrid's CNN stem filters too"),
+              "--muon-embed": ("muon_embed", "with --opt muon: Muon for the patch embedding's projection too"),
               "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)")}
 
 

@@ -38,6 +38,11 @@ def configure_for_training(model: nn.Module, device: torch.device, precision: st
 SHORT_BUDGET_MIN = 3.0  # below this a cold compile (~30-40 s on 2 cores) eats more of the budget than it gives back
 
 
+def cpu_is_avx2_only() -> bool:
+    """Whether PyTorch's CPU kernels run with AVX2 at most here: an x86 CPU without AVX-512 (its own dispatch check)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
 def should_compile(setting: bool | str, device: torch.device, precision: str,
                    time_limit: float | None) -> tuple[bool, str]:
     """``compile: auto`` decided for this device, precision and budget, and why (for the run log); True/False as
@@ -48,7 +53,10 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
     5-minute run gained more from the extra epoch than its ~30 s cold compile cost (91.26% against 90.92/90.93%
     eager). So fp32 compiles under a ``--time-limit`` of ``SHORT_BUDGET_MIN`` minutes or more; without a budget
     the run's length is unknown (a few epochs of a small model finish before the compile would), so it stays eager
-    unless asked. GPUs are compiled without a measurement of our own."""
+    unless asked. With AVX2 only (no AVX-512) compiled fp32 steps ran no faster than the eager trainer's (0.99x
+    for the 30-minute Fashion-MNIST model, 1.03x for the 5-minute one, one thread, benchmarks/train_fp32_ab.py
+    as AVX2) and compiling cost ~23 s of a 5-minute run: fp32 stays eager there. GPUs are compiled without a
+    measurement of our own."""
     if setting is not True and setting is not False and setting != "auto":
         raise ValueError(f"compile must be true, false or auto, got {setting!r}")
     if setting != "auto":
@@ -59,6 +67,10 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
         if precision == "bf16" and not cpu_has_amx():
             return False, ("compile auto -> off: compiled bf16 steps ran no faster on a CPU without AMX where "
                            "measured (docs: Speed) and compiling costs 20-40 s; --compile to compile anyway")
+        if precision != "bf16" and cpu_is_avx2_only():
+            return False, (f"compile auto -> off: compiled {precision} steps ran no faster than eager ones on a CPU "
+                           "without AVX-512 where measured (docs: Speed) and compiling costs 20-40 s; --compile to "
+                           "compile anyway")
         if precision != "bf16" and time_limit is None:
             return False, (f"compile auto -> off: {precision} without a --time-limit (compiling costs 20-40 s, "
                            "which a short run does not win back); --compile to compile anyway")

@@ -20,7 +20,7 @@ from .evaluate import EVAL_BATCH_SIZE
 
 # What a few_epochs section may change: what the trainer builds once the data is loaded and a step has been timed.
 FEW_EPOCHS_KEYS = frozenset({
-    "model_args", "opt", "muon_stem", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs", "clip_grad",
+    "model_args", "opt", "muon_stem", "muon_embed", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs", "clip_grad",
     "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema", "model_ema_decay",
     "eval_every"})
 
@@ -46,6 +46,7 @@ class TrainConfig:
     grad_accum: int = 1
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
     muon_stem: bool = False  # opt muon: Muon for the hybrid's CNN stem filters too (each an out x in*k*k matrix)
+    muon_embed: bool = False  # opt muon: Muon for the patch embedding's projection E (Eq. 1) too
     lr: float = 1e-3
     body_lr_scale: float = 1.0  # LR of everything but the head, relative to --lr (fine-tuning)
     min_lr: float = 1e-5

@@ -44,7 +44,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
     if cfg.opt == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False, fused=fused)
     if cfg.opt == "muon":
-        return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem)
+        return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem, embed=cfg.muon_embed)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), fused=fused)
 
 
@@ -52,14 +52,17 @@ class MuonAdamW:
     """``Muon`` for the 2-D weight matrices inside the transformer blocks, AdamW for everything else (embeddings, the
     CNN stem, norms, biases, the head), the split Muon's authors use. ``stem``: Muon for the convolution filters of a
     hybrid's CNN stem too, as the CIFAR-10 speed records train a CNN's filters (batch norm follows each of them).
+    ``embed``: Muon for the patch embedding's projection E of Eq. 1 as well (its (D, C, P, P) weight as the D x C·P·P
+    matrix), the last linear map of the stem.
     Muon's step is scaled to match AdamW's update size, so both share the recipe's learning rate and weight decay.
     Behaves as one optimiser: ``param_groups`` (the learning-rate schedule sets them), ``step``, ``zero_grad``,
     ``state_dict``."""
 
     def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool,
-                 stem: bool = False) -> None:
+                 stem: bool = False, embed: bool = False) -> None:
         hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2
-                  or stem and name.startswith("patch_embed.backbone.") and p.ndim == 4}
+                  or stem and name.startswith("patch_embed.backbone.") and p.ndim == 4
+                  or embed and name == "patch_embed.proj.weight"}
         muon_groups, adamw_groups = [], []
         for g in groups:
             for part, keep in ((muon_groups, True), (adamw_groups, False)):
@@ -94,7 +97,7 @@ class MuonAdamW:
         here = sum(len(g["params"]) for g in self.muon.param_groups)
         if saved != here:
             raise ValueError(f"optimizer state: Muon trained {saved} weight matrices in the saved run, {here} here "
-                             "(was the run trained with another --muon-stem / --no-muon-stem, or another model?)")
+                             "(was the run trained with another --muon-stem / --muon-embed setting, or another model?)")
         self.muon.load_state_dict(state["muon"])
         if self.adamw:
             self.adamw.load_state_dict(state["adamw"])

@@ -317,8 +317,9 @@ class Trainer:
         note = precision_note(self.precision, self.device)
         if note:
             self.log(note)
-        if cfg.muon_stem and cfg.opt != "muon":  # the recipe's cpu_fp32 sets it with opt muon; a user's --opt wins
-            self.log(f"muon_stem has no effect with --opt {cfg.opt}: it puts the stem's filters under Muon")
+        for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
+            if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
+                self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
 
     def fit(self) -> RunResult:
         cfg = self.cfg
