@@ -85,12 +85,13 @@ def make(variant: str):  # type: ignore[no-untyped-def]
     return run
 
 
-print(f"{args.recipe} model, depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32, {torch.get_num_threads()} threads, "
-      f"torch {torch.__version__}, kernels {torch.backends.cpu.get_cpu_capability()}"
-      + (f", Inductor simdlen {args.simdlen}" if args.simdlen else ""), flush=True)
+model = (f"{'' if args.recipe == 'fashion-mnist' else 'cifar10 recipe, '}depth {args.depth}, stem {args.hybrid}, "
+         f"batch {args.batch}, fp32")
+print(f"{model}, {torch.get_num_threads()} threads, torch {torch.__version__}, kernels "
+      f"{torch.backends.cpu.get_cpu_capability()}" + (f", Inductor simdlen {args.simdlen}" if args.simdlen else ""),
+      flush=True)
 rates = interleaved_throughput([make(v) for v in args.variants], args.steps * args.batch, warmup=2,
                                repeats=args.repeats)
-model = f"{args.recipe + ' recipe, ' if args.recipe != 'fashion-mnist' else ''}depth {args.depth}, stem {args.hybrid}, batch {args.batch}, fp32"
 cpu = cpu_label()
 rows = [{"cpu": cpu, "model": model, "variant": v, "img_per_s": round(r, 1), "vs_plain_loop": round(r / rates[0], 2)}
         for v, r in zip(args.variants, rates)]

@@ -20,9 +20,9 @@ from .evaluate import EVAL_BATCH_SIZE
 
 # What a few_epochs section may change: what the trainer builds once the data is loaded and a step has been timed.
 FEW_EPOCHS_KEYS = frozenset({
-    "model_args", "opt", "muon_stem", "muon_embed", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs", "clip_grad",
-    "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema", "model_ema_decay",
-    "eval_every"})
+    "model_args", "opt", "muon_stem", "muon_embed", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs",
+    "clip_grad", "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema",
+    "model_ema_decay", "eval_every"})
 
 
 @dataclass

@@ -120,7 +120,7 @@ class Trainer:
         below = cfg.few_epochs["below"]
         (fewer,) = broadcast_ints([int(epochs < below)], self.device)
         bought = (f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model here (forward and "
-                  f"backward of {n} images timed at {sec * 1e3:.0f} ms, before compiling)")
+                  f"backward of {n} images timed at {sec * 1e3:.0f} ms, eager)")
         if not fewer:
             return f"{bought}: the few_epochs settings (under {below:g} epochs) are not needed"
         new = cfg.for_few_epochs()
