@@ -53,9 +53,10 @@ def should_compile(setting: bool | str, device: torch.device, precision: str,
     5-minute run gained more from the extra epoch than its ~30 s cold compile cost (91.26% against 90.92/90.93%
     eager). So fp32 compiles under a ``--time-limit`` of ``SHORT_BUDGET_MIN`` minutes or more; without a budget
     the run's length is unknown (a few epochs of a small model finish before the compile would), so it stays eager
-    unless asked. With AVX2 only (no AVX-512) compiled fp32 steps ran no faster than the eager trainer's (0.99x
-    for the 30-minute Fashion-MNIST model, 1.03x for the 5-minute one, one thread, benchmarks/train_fp32_ab.py
-    as AVX2) and compiling cost ~23 s of a 5-minute run: fp32 stays eager there. GPUs are compiled without a
+    unless asked. With AVX2 only (no AVX-512) compiled fp32 steps ran no faster than the eager trainer's (0.96x
+    for the 30-minute Fashion-MNIST model and 0.91x for the CIFAR-10 recipe at one thread, 0.95-1.04x at two;
+    benchmarks/train_fp32_ab.py run as AVX2, results/train-fp32-ab.csv) and compiling cost ~23 s of a 5-minute
+    run: fp32 stays eager there. GPUs are compiled without a
     measurement of our own."""
     if setting is not True and setting is not False and setting != "auto":
         raise ValueError(f"compile must be true, false or auto, got {setting!r}")
