@@ -15,7 +15,7 @@ from vitkit.model.config import ViTConfig
 from vitkit.model.registry import get_config
 from vitkit.runtime.cpu import cpu_kind
 from vitkit.runtime.precision import autocast_for, cpu_has_native_bf16
-from vitkit.runtime.threads import cores_text
+from vitkit.runtime.threads import cores_text, usable_cores
 from vitkit.training.config import recipe
 
 CPU = torch.device("cpu")
@@ -68,8 +68,11 @@ def isa_limits() -> list[str]:
 
 
 def cpu_label() -> str:
-    """This CPU's kind and cores, and the instruction set it was limited to, if it was (for a results CSV)."""
-    label = f"{cpu_kind()} ({cores_text()})"
+    """This CPU's kind and cores (and threads, if fewer), and the instruction set it was limited to, if it was (for a
+    results CSV)."""
+    threads = torch.get_num_threads()
+    label = f"{cpu_kind()} ({cores_text()}" + (f", {threads} thread" + "s" * (threads > 1) if threads < usable_cores()
+                                               else "") + ")"
     if not isa_limits():
         return label
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
@@ -77,9 +80,13 @@ def cpu_label() -> str:
 
 
 def append_csv_rows(path: str, rows: list[dict]) -> None:
-    """Append ``rows`` to the CSV at ``path`` with this command (after any instruction-set limits set in the
-    environment) as their ``command``; a file that exists keeps its own columns (e.g. a source)."""
-    command = " ".join(isa_limits() + [shlex.join(["python", *sys.argv])])
+    """Append ``rows`` to the CSV at ``path`` with this command (after the thread count and any instruction-set
+    limits set in the environment, and benchmarks/as_cpu_kind.sh if it runs under it) as their ``command``; a file
+    that exists keeps its own columns (e.g. a source)."""
+    prefix = [f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"] if "OMP_NUM_THREADS" in os.environ else []
+    if "VITKIT_AS_CPU" in os.environ:  # set by as_cpu_kind.sh, which makes cpuid answer as the smaller kind
+        prefix += ["bash", "benchmarks/as_cpu_kind.sh", os.environ["VITKIT_AS_CPU"]]
+    command = " ".join(prefix + isa_limits() + [shlex.join(["python", *sys.argv])])
     rows = [{**row, "command": command} for row in rows]
     new = not os.path.exists(path)
     with open(path, "a+", newline="") as f:
