@@ -56,6 +56,8 @@ step_ms = (time.perf_counter() - start) / args.steps * 1e3
 with profile() as prof:
     run()
 
+rest = ("everything else (pointwise, norms, attention, Python, autograd, dispatch)" if args.eager else
+        "everything else (Python, autograd, dispatch)")  # eager: no Inductor kernels take those
 by_kind: dict[str, float] = defaultdict(float)
 others: dict[str, float] = {}  # Inductor's kernels (compiled) or the other operators (eager), by name
 for e in prof.key_averages():
@@ -64,9 +66,7 @@ for e in prof.key_averages():
         by_kind["Inductor's generated kernels (pointwise, norms, softmax)"] += ms
         others[e.key] = ms
     else:
-        kind = KINDS.get(e.key, "everything else (Python, autograd, dispatch)" if not args.eager else
-                         "everything else (pointwise, norms, attention, Python, autograd, dispatch)")
-        by_kind[kind] += ms
+        by_kind[KINDS.get(e.key, rest)] += ms
         if args.eager and e.key not in KINDS:
             others[e.key] = ms
 total = sum(by_kind.values())
