@@ -1,6 +1,7 @@
 """Helpers that only the benchmark scripts in this folder use (``vitkit bench`` does not need them)."""
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import shlex
@@ -71,12 +72,23 @@ def cpu_label() -> str:
     """This CPU's kind and cores (and threads, if fewer), and the instruction set it was limited to, if it was (for a
     results CSV)."""
     threads = torch.get_num_threads()
-    label = f"{cpu_kind()} ({cores_text()}" + (f", {threads} thread" + "s" * (threads > 1) if threads < usable_cores()
-                                               else "") + ")"
+    fewer = "" if threads >= usable_cores() else f", {threads} thread{'s' if threads > 1 else ''}"
+    label = f"{cpu_kind()} ({cores_text()}{fewer})"
     if not isa_limits():
         return label
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     return f"{label}, limited to {LIMITED.get(isa, torch.backends.cpu.get_cpu_capability())}"
+
+
+def csv_arg(path: str) -> str:
+    """``--csv PATH`` checked before anything is timed (an argparse ``type``): its folder must exist, so minutes of
+    measurement are not lost to a typo at the end."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{path}: its folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path} is a folder; expected a CSV file to append to")
+    return path
 
 
 def append_csv_rows(path: str, rows: list[dict]) -> None:

@@ -14,7 +14,7 @@ import time
 import torch
 
 import vitkit
-from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config
+from _helpers import append_csv_rows, cpu_label, csv_arg, fashion_mnist_vit_config
 from vitkit.training.config import TrainConfig
 from vitkit.training.optim import Muon, MuonAdamW, build_optimizer, param_groups
 
@@ -22,7 +22,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--depth", type=int, default=3, help="3: the 5-minute recipe's model, 6: the 30-minute one")
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--repeats", type=int, default=5)
-p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
+p.add_argument("--csv", type=csv_arg, help="append the rows to this CSV (with the CPU kind and this command)")
 args = p.parse_args()
 
 cfg = fashion_mnist_vit_config(args.depth, "conv:32,32")

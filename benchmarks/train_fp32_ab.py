@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch._dynamo import compiled_autograd
 
 import vitkit
-from _helpers import append_csv_rows, cpu_label, fashion_mnist_vit_config, recipe_vit_config, steps_on_one_batch
+from _helpers import (append_csv_rows, cpu_label, csv_arg, fashion_mnist_vit_config, recipe_vit_config,
+                      steps_on_one_batch)
 from vitkit.bench.timing import interleaved_throughput
 
 VARIANTS = ("plain", "fused", "channels_last", "compiled", "compiled_exact", "whole_step")
@@ -41,7 +42,7 @@ p.add_argument("--steps", type=int, default=8, help="training steps per timed ca
 p.add_argument("--repeats", type=int, default=5)
 p.add_argument("--variants", nargs="+", choices=VARIANTS + tuple(f"{v}_conv_embed" for v in VARIANTS),
                default=list(VARIANTS))
-p.add_argument("--csv", help="append the rows to this CSV (with the CPU kind and this command)")
+p.add_argument("--csv", type=csv_arg, help="append the rows to this CSV (with the CPU kind and this command)")
 p.add_argument("--simdlen", type=int, help="Inductor's vector width in bits (256: AVX2 code on an AVX-512 CPU)")
 args = p.parse_args()
 if args.simdlen:
