@@ -6,57 +6,29 @@ import csv
 import os
 import shlex
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from vitkit.model.config import ViTConfig
 from vitkit.model.registry import get_config
 from vitkit.runtime.cpu import cpu_kind
-from vitkit.runtime.precision import autocast_for, cpu_has_native_bf16
 from vitkit.runtime.threads import cores_text, usable_cores
-from vitkit.training.config import recipe
-
-CPU = torch.device("cpu")
-
+from vitkit.training.config import read_recipe
 
 def recipe_vit_config(dataset: str, **overrides: Any) -> ViTConfig:
     """The ViT of the shipped recipe configs/<dataset>.yaml (its full-budget settings), with ``overrides`` (e.g. the
     dataset's ``in_chans`` and ``num_classes``, which the trainer takes from the data), for the benchmarks."""
-    r = recipe(dataset)
+    r = read_recipe(dataset)
     return get_config(r["model"], **{**r["model_args"], **overrides})
 
 
 def fashion_mnist_vit_config(depth: int, hybrid: str) -> ViTConfig:
     """The Fashion-MNIST recipe's ViT (configs/fashion-mnist.yaml) at ``depth`` (3: the 5-minute model, 6: the
     30-minute one) with the stem ``hybrid`` (``"none"``: the plain patch-7 ViT, the issue's tutorial model), for the
-    training-step benchmarks (benchmarks/train_compile_ab.py, train_step_profile.py)."""
+    benchmarks (muon_step.py)."""
     return recipe_vit_config("fashion-mnist", in_chans=1, num_classes=10, depth=depth,
                              hybrid=None if hybrid == "none" else hybrid)
-
-
-def steps_on_one_batch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                       steps: int, precision: str = "bf16") -> Callable[[], None]:
-    """A callable running ``steps`` training steps of ``model`` on CPU (under bf16 autocast for ``precision``
-    "bf16"), all on the batch (x, y): the compute of the trainer's step without its data path, for the A/Bs."""
-    def run() -> None:
-        for _ in range(steps):
-            with autocast_for(CPU, precision):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return run
-
-
-def exit_unless_native_bf16() -> None:
-    """For the bf16 A/B scripts in benchmarks/: on a CPU without native bf16, optimize_for_inference keeps fp32, so
-    such an A/B would time vitkit's fp32 against the peers' emulated bf16."""
-    if not cpu_has_native_bf16():
-        raise SystemExit("this CPU has no native bf16 (AVX512-BF16/AMX): this bf16 A/B does not apply here; "
-                         "`vitkit bench --dtypes fp32` compares fp32")
 
 
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # stand-ins for other CPU kinds
@@ -77,7 +49,7 @@ def cpu_label() -> str:
     if not isa_limits():
         return label
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
-    return f"{label}, limited to {LIMITED.get(isa, torch.backends.cpu.get_cpu_capability())}"
+    return f"{label}, emulated: limited to {LIMITED.get(isa, torch.backends.cpu.get_cpu_capability())}"
 
 
 def csv_arg(path: str) -> str:

@@ -4,9 +4,8 @@
 #   avx512  AVX-512 without VNNI, AMX or AVX512-BF16 (a Skylake-SP Xeon)
 #   avx512vnni  the same with AVX512-VNNI (a Cascade Lake Xeon)
 # Every library that asks the CPU what it has (PyTorch's dispatch, oneDNN, MKL, Inductor, onnxruntime's MLAS) gets a
-# cpuid answer with those bits cleared (cpuid_mask.c, loaded with LD_PRELOAD) and picks that kind's code. The
-# environment variables of as_cpu_without_bf16.py reach PyTorch's libraries only; this reaches onnxruntime too.
-# The instructions are the smaller kind's; the cores, caches and clock stay this machine's (on the AMX Xeon, 2
+# cpuid answer with those bits cleared (cpuid_mask.c, loaded with LD_PRELOAD) and picks that kind's code.
+# What it measures is "emulated": the instructions are the smaller kind's; the cores, caches and clock stay this machine's (on the AMX Xeon, 2
 # threads run a 2048^3 fp32 matmul at ~210-220 GFLOP/s as AVX2, the EPYC at 118-125: add OMP_NUM_THREADS=1 for its
 # speed).
 #
@@ -17,6 +16,7 @@ set -euo pipefail
 kind=${1:-}
 case "$kind" in
     avx2|avx512|avx512vnni) shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: as_cpu_kind.sh {avx2|avx512|avx512vnni} COMMAND [ARGS...]" >&2; exit 2 ;;
 esac
 if ! grep -qw cpuid_fault /proc/cpuinfo; then

@@ -3,6 +3,7 @@ GELU that vitkit, timm and Hugging Face use: random weights (a random head too),
 
     python benchmarks/gelu_tanh_diff.py
 """
+import argparse
 import copy
 
 import torch
@@ -10,6 +11,7 @@ import torch
 import vitkit
 from vitkit.model.vit import Mlp
 
+argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help
 torch.manual_seed(0)
 for name in ("vit_tiny_patch16_224", "vit_base_patch16_224"):
     m = vitkit.create_model(name).eval()

@@ -2,6 +2,7 @@
 # Paper §3.2 in miniature on real digits: train at 32 px; evaluate at 32, 40 and 48 px with the position
 # embeddings resampled in 2-D; then fine-tune briefly at 48 px from those weights (--init) as the paper does.
 # usage: bash benchmarks/resolution_transfer.sh [OUT_DIR]
+case "${1:-}" in -h|--help) sed -n "2,$((4))p" "$0" | sed "s/^# \{0,1\}//"; exit 0 ;; esac
 set -euo pipefail
 out=${1:-runs/resolution-transfer}
 vitkit train --dataset digits --img-size 32 --patch-size 8 --output "$out"

@@ -1,5 +1,6 @@
 #!/bin/bash
 # default `vitkit train` quiet and with one core kept busy by another process; threads chosen vs forced 2
+case "${1:-}" in -h|--help) sed -n "2,$((2))p" "$0" | sed "s/^# \{0,1\}//"; exit 0 ;; esac
 cd "$(mktemp -d)"
 run() { rm -rf /tmp/ct; /usr/bin/time -f "%e s wall" vitkit train --output /tmp/ct "$@" 2>&1 | grep -E "threads:|final:|s wall"; }
 for round in 1 2; do

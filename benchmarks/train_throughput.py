@@ -1,12 +1,13 @@
 """Training throughput in one run, timed round-robin: vitkit's trainer against a plain fp32 loop over the same
-model (the tutorial's DataLoader of PIL images + ToTensor) and plain loops over in-memory tensors (fp32, bf16
-autocast where the CPU computes bf16 natively; vitkit's model and, where it has the model, timm's).
+model (the tutorial's DataLoader of PIL images + ToTensor) and plain loops over in-memory tensors (fp32 and
+bf16 autocast; vitkit's model and, where it has the model, timm's). The trainer's settings are planned as
+`vitkit train` plans them (every ``auto`` timed here).
 
     python benchmarks/train_throughput.py [--steps 40] [--repeats 3] [--models 30min 5min tutorial]
-                                          [--precision fp32] [--compile true|false]
+                                          [--precision auto|fp32|bf16] [--compile auto|true|false]
 
-Models: ``30min`` is the Fashion-MNIST recipe (conv:32,32 stem, depth 6), ``5min`` its short-budget settings
-(depth 3), ``tutorial`` the issue's reference model (plain patch-7 ViT, width 128, depth 3, no stem, batch 128).
+Models: ``30min`` is the Fashion-MNIST recipe (conv:32,32 stem, depth 6), ``5min`` the recipe's tier that a
+5-minute budget picks on this machine, ``tutorial`` a plain patch-7 ViT (width 128, depth 3, no stem, batch 128).
 Prints img/s for each and the ratios. Not a test: numbers, no assertions.
 """
 import argparse
@@ -18,41 +19,39 @@ from vitkit.bench.timing import interleaved_throughput
 from vitkit.bench.training import plain_loop_steps, vitkit_train_steps
 from vitkit.data.datasets import load_dataset
 from vitkit.interop.timm import timm_kwargs
-from vitkit.runtime import cpu_has_native_bf16
-from vitkit.training.config import TrainConfig, recipe
-from vitkit.training.trainer import build_model
+from vitkit.training.build import build_model
+from vitkit.training.config import TrainConfig, read_recipe
+from vitkit.training.plan import make_plan
 
-# name: (the recipe's --time-limit, model overrides, other TrainConfig overrides)
-MODELS = {"30min": (None, {}, {}), "5min": (5, {}, {}), "tutorial": (5, {"hybrid": None}, {"batch_size": 128})}
+# name: (the --time-limit whose tier is taken, model overrides, other TrainConfig overrides)
+MODELS = {"30min": (None, {}, {}), "5min": (5, {}, {}),
+          "tutorial": (None, {"hybrid": None, "depth": 3}, {"batch_size": 128})}
 
-p = argparse.ArgumentParser()
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--steps", type=int, default=40, help="training steps per timed call")
 p.add_argument("--repeats", type=int, default=3, help="timed calls of each, round-robin (the median counts)")
 p.add_argument("--dataset", default="fashion-mnist")
 p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-               help="the trainer's precision (fp32 on a CPU with native bf16 times what a CPU without it runs)")
+p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto", help="the trainer's precision")
 p.add_argument("--compile", choices=("auto", "true", "false"), default="auto", help="the trainer's compile setting")
 args = p.parse_args()
 
 data = load_dataset(args.dataset)
 print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
 LOOPS = [("plain loop, PIL DataLoader, fp32 (tutorial)", "fp32", True),
-         ("plain loop, tensors in memory, fp32", "fp32", False)]
-if cpu_has_native_bf16():
-    LOOPS.append(("plain loop, tensors in memory, bf16 autocast", "bf16", False))
-else:  # emulated bf16 runs 10-60x slower than fp32 here: minutes per timed call, and nobody would train so
-    print("no native bf16 on this CPU: the bf16 autocast plain loop is left out")
+         ("plain loop, tensors in memory, fp32", "fp32", False),
+         ("plain loop, tensors in memory, bf16 autocast", "bf16", False)]
 for key in args.models:
     time_limit, model_overrides, overrides = MODELS[key]
-    r = recipe(args.dataset, time_limit)
-    settings = {"precision": args.precision,
+    r = read_recipe(args.dataset)
+    settings = {"precision": args.precision, "time_limit": time_limit,
                 "compile": {"true": True, "false": False}.get(args.compile, args.compile)}
     cfg = TrainConfig(**{**r, **overrides, **settings, "dataset": args.dataset,
                          "model_args": {**r.get("model_args", {}), **model_overrides}})
+    cfg, the_plan = make_plan(cfg, data, args.dataset, log=lambda s: None)
     print(f"\n[{key}] model: {cfg.model} {cfg.model_args}, batch {cfg.batch_size}")
     names = [f"vitkit trainer ({cfg.precision}, compile={cfg.compile}, batch augmentation on tensors)"]
-    runs = [vitkit_train_steps(cfg, data, args.steps)]
+    runs = [vitkit_train_steps(cfg, data, args.steps, plan=the_plan)]
     for name, precision, pil in LOOPS:
         for impl in ("vitkit model", "timm model"):
             torch.manual_seed(0)

@@ -70,20 +70,23 @@ def test_optimize_for_inference_with_compile_runs_and_agrees():
 
 def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights(monkeypatch):
     from vitkit.bench.inference import bench_inference
-    from vitkit.runtime import precision as speed
+    from vitkit.runtime import inference
 
     rows = bench_inference("vit_tiny_patch16_224", 2, "fp32", ("timm", "hf", "torchvision"), repeats=2,
                            log=lambda s: None, img_size=32, depth=1)
     assert [(r["impl"], r["mode"]) for r in rows] == [("vitkit", "optimized"), ("timm", "fp32"), ("hf", "fp32"),
                                                       ("torchvision", "fp32")]
     assert all(r["img_s"] > 0 and r["max_abs_diff"] < 1e-3 for r in rows)  # the same model in every library
-    for native, mode, compute in ((True, "optimized", "bf16"), (False, "optimized, fp32", "fp32")):
-        monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
-        bf16 = bench_inference("vit_tiny_patch16_224", 2, "bf16", ("timm",), repeats=1, log=lambda s: None,
+    # the default group: vitkit as optimize_for_inference chooses (timed here), every peer in each of its dtypes
+    for faster in ("bf16", "fp32"):
+        monkeypatch.setattr(inference, "choose_inference_dtype",
+                            lambda model, batch, refresh=False, f=faster: (
+                                None if f == "fp32" else torch.bfloat16, None))
+        auto = bench_inference("vit_tiny_patch16_224", 2, "auto", ("timm",), repeats=1, log=lambda s: None,
                                img_size=32, depth=1)
-        # without native bf16, vitkit's "bf16" row says it runs fp32 weights (its ceiling is then fp32's)
-        assert [(r["mode"], r["compute"]) for r in bf16] == [(mode, compute), ("bf16-autocast", "bf16"),
-                                                             ("bf16-weights", "bf16")]
+        assert [(r["impl"], r["mode"], r["compute"]) for r in auto] == [
+            ("vitkit", f"optimized ({faster})", faster), ("timm", "fp32", "fp32"), ("timm", "bf16-autocast", "bf16"),
+            ("timm", "bf16-weights", "bf16")]
 
 
 def test_interleaved_throughput_times_each_function_in_turn():
@@ -100,11 +103,8 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
 
     import vitkit.bench.timing as timing
 
-    from vitkit.runtime import precision
-
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     ceilings = iter([100e9, 200e9, 300e9, 150e9])  # fp32, bf16 at the start; fp32, bf16 at the end
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: next(ceilings))
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=2048: next(ceilings))
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "fp32", "--peers",
                  "timm", "--repeats", "1", "--no-compile", "--no-int8", "--no-train", "--json", str(out)]) == 0
@@ -132,44 +132,26 @@ def test_bench_times_onnxruntime_as_a_peer_and_vitkits_int8_export_beside_it():
     assert len(inference._ONNX) == 1
 
 
-def test_bench_cli_without_native_bf16_says_so_and_rates_vitkits_fp32_row_against_the_fp32_ceiling(
-        tmp_path, capsys, monkeypatch):
+def test_bench_cli_default_rates_vitkits_chosen_dtype_against_that_dtypes_ceiling(tmp_path, capsys, monkeypatch):
     import json
 
     import vitkit.bench.timing as timing
-    from vitkit.runtime import precision as speed
+    from vitkit.runtime import inference
 
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: 300e9 if dtype == torch.float32 else 60e9)
-    out = tmp_path / "b.json"
-    assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "bf16", "--peers",
-                 "timm", "--repeats", "1", "--no-compile", "--no-train", "--json", str(out)]) == 0
-    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"optimized, fp32", "bf16-autocast", "bf16-weights"}
-    for mode, r in rows.items():
-        ceiling = 300e9 if mode == "optimized, fp32" else 60e9
-        assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / ceiling)
-    assert "this CPU has no native bf16" in capsys.readouterr().out
-
-
-def test_bench_cli_without_native_bf16_times_no_bf16_unless_asked(tmp_path, capsys, monkeypatch):
-    import json
-
-    import vitkit.bench.timing as timing
-    from vitkit.runtime import precision
-
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    timed = []
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=4096: timed.append(dtype) or 300e9)
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=2048: 300e9 if dtype == torch.float32 else 60e9)
+    monkeypatch.setattr(inference, "choose_inference_dtype", lambda model, batch, refresh=False: (None, None))
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--peers", "timm", "--repeats", "1",
                  "--no-compile", "--no-int8", "--no-train", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert timed == [torch.float32, torch.float32] and {r["dtype"] for r in result["rows"]} == {"fp32"}
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"optimized (fp32)", "fp32", "bf16-autocast", "bf16-weights"}
+    for mode, r in rows.items():  # each row against the ceiling of the dtype it computes in
+        ceiling = 300e9 if r["compute"] == "fp32" else 60e9
+        assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / ceiling)
+        assert r["dtype"] == "auto" and r["ratio_to_best_peer"] > 0
     said = capsys.readouterr().out
-    assert "bf16 rows skipped" in said and "[1/1] inference vit_tiny_patch16_224 batch 1 fp32" in said
-    assert "machine: " in said and ("AVX" in said or "AMX" in said or "(fp32)" in said) and result["cpu"]
-
+    assert "[1/1] inference vit_tiny_patch16_224 batch 1 auto" in said
+    assert main(["bench", "--dtypes", "fp16", "--no-train"]) == 2
 
 def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line(tmp_path, monkeypatch,
                                                                                           capsys):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.interop import (detect_format, from_hf, from_jax_npz, from_timm, load_any, timm_kwargs, to_hf,
+from vitkit.interop import (detect_format, from_hf, from_jax_npz, from_timm, load, timm_kwargs, to_hf,
                             to_jax_npz, to_timm)
 
 timm = pytest.importorskip("timm")
@@ -94,7 +94,7 @@ def test_hugging_face_folder_both_ways(tmp_path):
     ref = _hf(64, 2, 4, 8, size=32, classes=3, qkv_bias=False)
     ref.save_pretrained(tmp_path / "hf")
     assert detect_format(tmp_path / "hf") == "hf"
-    ours = load_any(tmp_path / "hf").eval()
+    ours = load(tmp_path / "hf").eval()
     assert not ours.config.qkv_bias
     from vitkit.cli.main import main
 
@@ -184,7 +184,7 @@ def test_unrecognised_file_lists_supported_formats(tmp_path):
     p = tmp_path / "weights.txt"
     p.write_text("hello")
     with pytest.raises(ValueError, match="supported: a vitkit folder"):
-        load_any(p)
+        load(p)
 
 
 class _Evil:
@@ -203,7 +203,7 @@ def test_malicious_pickle_is_never_executed(tmp_path):
     torch.save({"x": _Evil(marker)}, tmp_path / "model2.pt")
     for p in (bad, tmp_path / "model2.pt"):
         with pytest.raises(ValueError, match="refused to load|not a readable torch checkpoint"):
-            load_any(p)
+            load(p)
     assert not marker.exists()
     from vitkit.cli.main import main
 

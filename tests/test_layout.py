@@ -9,9 +9,9 @@ import vitkit
 
 SRC = Path(vitkit.__file__).parent
 # Lowest first. A module may import from its own layer or a lower one. The top-level modules (vitkit/__init__,
-# the old-name shims speed.py and kernels.py) are facades over the layers and stand outside them.
+# __main__) are facades over the layers and stand outside them.
 LAYERS = [{"model"}, {"runtime", "interop"}, {"data"}, {"training"}, {"inspect", "serving"}, {"bench"},
-          {"cli", "reproduce"}]  # reproduce runs `vitkit train` itself, as the CLI does
+          {"cli", "reproduce"}]  # reproduce plans and trains runs itself, as the CLI does
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 
@@ -133,8 +133,7 @@ def test_subpackages_are_attributes_of_vitkit_and_import_lazily():
             "assert callable(vitkit.interop.from_timm) and callable(vitkit.inspect.attention_rollout)\n"
             "assert callable(vitkit.runtime.optimize_for_inference) and vitkit.training.Trainer\n"
             "assert vitkit.load is vitkit.interop.load and vitkit.optimize_for_inference\n"
-            "assert vitkit.speed.optimize_for_inference is vitkit.runtime.optimize_for_inference\n"
-            "for name in ('data', 'model', 'serving', 'bench', 'cli', 'kernels'):\n"
+            "for name in ('data', 'model', 'serving', 'bench', 'cli', 'reproduce'):\n"
             "    getattr(vitkit, name)\n"
             "try:\n    vitkit.no_such_thing\nexcept AttributeError as e:\n    assert 'no_such_thing' in str(e)\n"
             "else:\n    raise SystemExit('no AttributeError')\n")
@@ -142,12 +141,3 @@ def test_subpackages_are_attributes_of_vitkit_and_import_lazily():
     assert r.returncode == 0, r.stderr
 
 
-def test_old_names_still_work():
-    from vitkit import kernels, speed
-    from vitkit.interop import load, load_any, load_pretrained
-
-    assert load_any is load and load_pretrained is load
-    assert speed.cpu_has_native_bf16 is vitkit.runtime.cpu_has_native_bf16 and callable(kernels.load)
-    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=2)
-    speed.set_fused_attention(model, False)
-    assert {b.attn.impl for b in model.blocks} == {"exact"}

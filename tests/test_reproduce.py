@@ -153,3 +153,27 @@ def test_a_truncated_zip_or_a_foreign_results_csv_is_a_message(cifar_like, tmp_p
     assert main(["reproduce", "posemb", "--quick", "--data-dir", str(cifar_like), "--out", str(foreign)]) == 2
     assert "not a results.csv of vitkit reproduce" in capsys.readouterr().err
     assert (foreign / "results.csv").read_text() == "name,score\nx,1\n"  # left as it was
+
+
+def test_each_runs_command_is_the_vitkit_train_command_of_its_settings_and_no_cli_is_imported(tmp_path):
+    import ast
+    import shlex
+    from pathlib import Path
+
+    from vitkit.cli.main import build_parser
+    from vitkit.cli.train import sources
+    from vitkit.reproduce import CLAIMS, Setup
+
+    setup = Setup({"dataset": "folder", "data_dir": "c.zip"}, "cifar10", 3.5, False,
+                  {"dataset": "folder", "data_dir": "t.zip"}, tmp_path)
+    for claim in CLAIMS.values():
+        for run in claim.runs(setup):
+            src = sources(build_parser().parse_args(shlex.split(run.command())[1:]))
+            want = run.train_settings()
+            assert src.given == {k: v for k, v in want.items() if k != "model_args"}, run.id
+            assert src.model_args == want.get("model_args", {}), run.id
+    package = Path(vitkit.__file__).parent / "reproduce"
+    for f in package.glob("*.py"):  # the sweep calls the library (planner, Trainer) and gets results back
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert "cli" not in (node.module or "").split("."), f"{f.name} imports {node.module}"

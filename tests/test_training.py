@@ -257,76 +257,6 @@ def test_yaml_config_and_flags_layer_over_the_recipe(tmp_path, capsys):
     assert "unknown key(s) ['epoch']" in capsys.readouterr().err
 
 
-def test_recipe_budgets_section_applies_to_short_time_limits_only():
-    from vitkit.training.config import for_budget
-
-    d = {"lr": 1.0, "smoothing": 0.1, "model_args": {"depth": 6, "embed_dim": 128},
-         "budgets": {10: {"smoothing": 0.0, "model_args": {"depth": 4}}, "3": {"lr": 2.0}}}
-    for limit in (None, 30, 10.5):
-        assert for_budget(d, limit) == {k: v for k, v in d.items() if k != "budgets"}
-    assert for_budget(d, 5) == {"lr": 1.0, "smoothing": 0.0, "model_args": {"depth": 4, "embed_dim": 128}}
-    assert for_budget(d, 10)["model_args"]["depth"] == 4  # "up to 10 minutes" includes 10
-    assert for_budget(d, 2) == {"lr": 2.0, "smoothing": 0.1, "model_args": {"depth": 6, "embed_dim": 128}}
-    assert "budgets" in d  # the recipe itself is left as it was
-
-
-def test_recipe_budget_has_settings_for_fp32_on_a_cpu():
-    from vitkit.training.config import for_budget, trains_in_fp32_on_cpu
-
-    d = {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}, "cpu_fp32": {"opt": "muon", "lr": 5.0},
-         "budgets": {10: {"model_args": {"depth": 3}, "cpu_fp32": {"lr": 3.0, "model_args": {"hybrid": "conv:16"}}}}}
-    assert for_budget(d, 5) == {"lr": 1.0, "model_args": {"depth": 3, "hybrid": "conv:32,32"}}
-    # the recipe's cpu_fp32 < the budget < the budget's cpu_fp32
-    assert for_budget(d, 5, cpu_fp32=True) == {"lr": 3.0, "opt": "muon",
-                                               "model_args": {"depth": 3, "hybrid": "conv:16"}}
-    for limit in (30, None):
-        assert for_budget(d, limit, cpu_fp32=True) == {"lr": 5.0, "opt": "muon",
-                                                       "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
-        assert for_budget(d, limit) == {"lr": 1.0, "model_args": {"depth": 6, "hybrid": "conv:32,32"}}
-    assert trains_in_fp32_on_cpu("fp32", "cpu") and not trains_in_fp32_on_cpu("bf16", "cpu")
-    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    assert trains_in_fp32_on_cpu("auto", "cpu") == (not native)  # auto: bf16 only where the CPU has it natively
-
-
-def test_fashion_mnist_recipe_trains_a_shallower_model_for_five_minutes(capsys):
-    from vitkit.cli.train import _recipe_for_budget
-
-    assert _recipe_for_budget("fashion-mnist", 30, {"precision": "bf16"})["model_args"]["depth"] == 6
-    assert capsys.readouterr().out == ""
-    short = _recipe_for_budget("fashion-mnist", 5, {"precision": "bf16"})  # not fp32 on a CPU, on any machine
-    assert short["model_args"]["depth"] == 3 and short["smoothing"] == 0.0 and "budgets" not in short
-    assert short["batch_size"] == 64 and short["lr"] == 0.0007 and short["eval_every"] == 5
-    assert ("--time-limit 5: batch_size 128 -> 64, lr 0.001 -> 0.0007, smoothing 0.1 -> 0.0, eval_every 1 -> 5, "
-            "depth 6 -> 3"
-            in capsys.readouterr().out)
-    TrainConfig.from_dict(short)  # every key of the budget section is a TrainConfig key
-    fp32 = _recipe_for_budget("fashion-mnist", 5, {"precision": "fp32", "device": "cpu"})
-    assert fp32 == {**short, "opt": "muon", "lr": 0.002, "muon_stem": True, "few_epochs": fp32["few_epochs"]}
-    assert fp32["few_epochs"]["model_args"] == {"depth": 2}  # a CPU that buys fewer epochs: shallower still
-    out = capsys.readouterr().out
-    assert "--time-limit 5 in fp32 on this CPU: " in out and "opt adamw -> muon" in out and "lr 0.001 -> 0.002" in out
-    assert "muon_stem False -> True" in out and "few_epochs None -> {'below': 5, " in out
-
-
-def test_train_command_takes_the_fp32_budget_settings_when_it_will_train_in_fp32(capsys):
-    from vitkit.cli.main import build_parser
-    from vitkit.cli.train import resolve_config
-
-    def config(*flags: str) -> TrainConfig:
-        return resolve_config(build_parser().parse_args(["train", "--dataset", "fashion-mnist", *flags]))[0]
-
-    assert config("--time-limit", "5", "--precision", "fp32").opt == "muon"
-    assert "in fp32 on this CPU: " in capsys.readouterr().out
-    assert config("--time-limit", "5", "--precision", "fp32", "--opt", "adamw").opt == "adamw"  # a flag wins
-    assert config("--time-limit", "5", "--precision", "bf16").opt == "adamw"
-    assert config("--time-limit", "30", "--precision", "bf16").opt == "adamw"
-    capsys.readouterr()
-    for limit in (("--time-limit", "30"), ()):  # the recipe's own cpu_fp32 section: any budget, or none
-        cfg = config(*limit, "--precision", "fp32")
-        assert cfg.opt == "muon" and cfg.muon_stem and cfg.model_args["depth"] == 6 and cfg.batch_size == 128
-        assert "in fp32 on this CPU: opt adamw -> muon, muon_stem False -> True" in capsys.readouterr().out
-
-
 def test_a_muon_stem_or_embed_that_cannot_apply_is_said_in_the_log():
     lines: list[str] = []  # fp32 recipe (muon_stem) + the user's --opt adamw: the stem cannot be under Muon
     Trainer(_cfg(epochs=1, opt="adamw", muon_stem=True, muon_embed=True), log=lines.append, progress=False).fit()
@@ -334,79 +264,46 @@ def test_a_muon_stem_or_embed_that_cannot_apply_is_said_in_the_log():
     assert "muon_embed has no effect with --opt adamw: it puts the patch embedding under Muon" in lines
 
 
-def test_few_epochs_settings_replace_the_model_only_when_the_budget_buys_fewer_epochs(tmp_path, monkeypatch):
-    few = {"model_args": {"depth": 1}, "lr": 0.002, "hflip": True}
+def test_a_tier_replaces_the_model_when_the_budget_buys_few_epochs_and_resume_keeps_it(tmp_path):
+    tier = {"model_args": {"depth": 1}, "lr": 0.002, "hflip": True}
     lines: list[str] = []
-    threads_chosen_for: list[int] = []  # the depth of the model each thread choice timed
-    choose = Trainer._choose_threads
-    monkeypatch.setattr(Trainer, "_choose_threads",
-                        lambda self: threads_chosen_for.append(self.model.config.depth) or choose(self))
-    t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e9, **few}, output=str(tmp_path / "few")),
+    t = Trainer(_cfg(time_limit=1.0, tiers=[{"below": 1e9, **tier}], output=str(tmp_path / "few")),
                 log=lines.append, progress=False)
-    assert t.model.config.depth == 1 and t.cfg.lr == 0.002 and t.augment.hflip and t.cfg.few_epochs is None
+    assert t.model.config.depth == 1 and t.cfg.lr == 0.002 and t.augment.hflip and t.cfg.tiers is None
     params = {id(p) for p in t.model.parameters()}
-    assert params == {id(p) for g in t.optimizer.param_groups for p in g["params"]}  # the new model's, all of them
-    assert threads_chosen_for == [4, 1]  # chosen again for the smaller model that trains
+    assert params == {id(p) for g in t.optimizer.param_groups for p in g["params"]}  # the tier's model, all of it
     t.fit()
-    note = next(line for line in lines if "few_epochs" in line)
-    assert "a 1-minute budget buys ~" in note and "under 1e+09: the few_epochs settings instead: lr 0.001 -> 0.002, " \
-        "hflip False -> True, depth 4 -> 1" in note
+    note = next(line for line in lines if "tier below" in line)
+    assert "a 1-minute budget buys ~" in note and "tier below 1e+09: lr 0.001 -> 0.002, hflip False -> True, " \
+        "depth 4 -> 1" in note
     saved = (tmp_path / "few" / "config.yaml").read_text()  # a resume trains what was decided, not decides again
-    assert "few_epochs: null" in saved and "depth: 1" in saved
-    t = Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e-9, **few}), log=_quiet, progress=False)
+    assert "tiers: null" in saved and "depth: 1" in saved
+    plan = json.loads((tmp_path / "few" / "plan.json").read_text())
+    assert plan["tier"]["below"] == 1e9 and plan["epochs_affordable"] > 0
+    t = Trainer(_cfg(time_limit=1.0, tiers=[{"below": 1e-9, **tier}]), log=_quiet, progress=False)
     assert t.model.config.depth == 4 and t.cfg.lr == 1e-3  # vit_nano_patch2_8 as it is
-    assert t.budget_note.endswith("the few_epochs settings (under 1e-09 epochs) are not needed")
-    assert threads_chosen_for == [4, 1, 4]
-    assert Trainer(_cfg(few_epochs={"below": 1e9, **few}), log=_quiet, progress=False).model.config.depth != 1
+    assert any("the recipe as it is" in n for n in t.plan.notes)
+    # no budget, no tier
+    assert Trainer(_cfg(tiers=[{"below": 1e9, **tier}]), log=_quiet, progress=False).model.config.depth != 1
 
 
-def test_a_few_epochs_model_that_cannot_be_built_is_named_as_the_few_epochs_one():
-    with pytest.raises(ValueError, match=r"^few_epochs: ViTConfig.depth must be positive, got -2"):
-        Trainer(_cfg(time_limit=1.0, few_epochs={"below": 1e9, "model_args": {"depth": -2}}), log=_quiet,
+def test_a_tier_model_that_cannot_be_built_is_named_as_the_tiers():
+    with pytest.raises(ValueError, match=r"ViTConfig.depth must be positive, got -2"):
+        Trainer(_cfg(time_limit=1.0, tiers=[{"below": 1e9, "model_args": {"depth": -2}}]), log=_quiet,
                 progress=False)
 
 
-@pytest.mark.parametrize("few, error", [
-    ({"lr": 0.1}, "few_epochs needs below: N"),
-    ({"below": 3, "dataset": "cifar10"}, "few_epochs cannot set ['dataset']"),
-    ({"below": 3, "lr": -1}, "few_epochs: train config: lr must be > 0"),
-    ({"below": 3, "model_args": {"widht": 3}}, "few_epochs: unknown model override key(s) ['widht']"),
-])
-def test_a_wrong_few_epochs_section_is_refused_before_the_run_starts(few, error):
-    with pytest.raises(ValueError) as e:
-        TrainConfig(few_epochs=few)
-    assert error in str(e.value)
+def test_the_trainer_trains_and_evaluates_in_the_planned_precision(tmp_path, monkeypatch):
+    from vitkit.training import trainer as trainer_mod
 
-
-def test_the_users_flags_win_over_the_recipes_few_epochs_settings(capsys):
-    from vitkit.cli.main import build_parser
-    from vitkit.cli.train import resolve_config
-
-    def few(*flags: str) -> dict | None:
-        args = ["train", "--dataset", "fashion-mnist", "--time-limit", "5", "--precision", "fp32", *flags]
-        return resolve_config(build_parser().parse_args(args))[0].few_epochs
-
-    recipe = few()
-    assert recipe["below"] > 0 and recipe["model_args"]["depth"] and "lr" in recipe and "hflip" in recipe
-    assert "model_args" not in few("--depth", "4")
-    assert "lr" not in few("--lr", "0.01") and few("--lr", "0.01")["model_args"] == recipe["model_args"]
-    assert few("--lr", "0.01", "--depth", "4", "--crop-padding", "1", "--no-hflip",
-               "--no-muon-embed") is None  # nothing left to change
-    assert few("--no-few-epochs") is None
-    assert few("--precision", "bf16") is None  # the section is the fp32 recipe's: a CPU that trains in bf16 is fast
-
-
-def test_recipes_train_with_muon_in_fp32_on_a_cpu_and_adamw_elsewhere():
-    from vitkit.training.config import recipe
-
-    for name in ("fashion-mnist", "cifar10"):  # measured: Muon won in fp32 at 5 and 30 minutes (results/*.csv)
-        for limit in (5, 30, None):
-            fp32 = recipe(name, limit, cpu_fp32=True)
-            assert fp32["opt"] == "muon" and fp32["muon_stem"]
-            assert recipe(name, limit).get("opt", TrainConfig().opt) == "adamw"
-            TrainConfig.from_dict(fp32)  # every key is a TrainConfig key
-    few = TrainConfig.from_dict({**recipe("cifar10", 30, cpu_fp32=True), "time_limit": 30}).for_few_epochs()
-    assert (few.crop_padding, few.hflip, few.smoothing, few.lr, few.few_epochs) == (0, False, 0.0, 0.003, None)
+    used = []
+    real_autocast = trainer_mod.autocast_for
+    monkeypatch.setattr(trainer_mod, "autocast_for", lambda d, p: (used.append(p), real_autocast(d, p))[1])
+    t = Trainer(_cfg(epochs=1, batch_size=256, precision="bf16", output=str(tmp_path / "run")), log=_quiet,
+                progress=False)
+    t.fit()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["precision"] == "bf16"
+    assert t.precision == "bf16" and set(used) == {"bf16"}  # every training step
 
 
 @pytest.mark.slow  # by default the training tutorial stops a run by signal and resumes it (tests/test_docs.py)

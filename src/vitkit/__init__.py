@@ -45,8 +45,7 @@ def list_models(pattern: str = "", pretrained: bool = False) -> list[str]:
     return [e.name for e in list_pretrained(pattern)]
 
 
-SUBPACKAGES = ("bench", "cli", "data", "inspect", "interop", "kernels", "model", "runtime", "serving", "speed",
-               "training")
+SUBPACKAGES = ("bench", "cli", "data", "inspect", "interop", "model", "reproduce", "runtime", "serving", "training")
 # public functions of a subpackage, offered at the top level too: name -> module
 LAZY = {"optimize_for_inference": "runtime", "InferenceModel": "runtime", "load": "interop",
         "data_config": "data", "transforms": "data",

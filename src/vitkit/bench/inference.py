@@ -20,7 +20,7 @@ from ..model.config import to_2tuple
 from ..model.registry import create_model
 from ..model.vit import VisionTransformer, flops_per_image
 from ..runtime.inference import optimize_for_inference
-from ..runtime.precision import dtype_of, precision_of
+from ..runtime.precision import dtype_of
 from ..serving.onnx import INT8_LIMIT, relative_error
 from .timing import interleaved_throughput
 
@@ -128,7 +128,7 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         out = fn()  # also the first warm-up (and the compilation of a compiled model)
         logits = out.float() if isinstance(out, torch.Tensor) else out
         err = float((logits - want).abs().max())
-        tol = 1e-3 if dtype == "fp32" else 0.5
+        tol = 1e-3 if compute == "fp32" else 0.5
         if compute == "int8":  # int8 changes the logits: a relative bound that only a broken export exceeds
             err, tol = relative_error(logits, want), INT8_LIMIT
         if err > tol:  # proves the peers run the same weights; bf16 only roughly agrees
@@ -136,23 +136,26 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
         runners.append((impl, mode, fn, err, compute))
 
     for compiled in (False, True) if compile else (False,):
-        fast = optimize_for_inference(model, dtype_of(dtype), compile=compiled)
+        # "auto": the dtype optimize_for_inference times here at this batch (cached), as predict/eval/serve use it
+        fast = optimize_for_inference(model, "auto" if dtype == "auto" else dtype_of(dtype), compile=compiled,
+                                      batch_size=batch)
         kernel = any(getattr(m, "impl", None) == "cpu_kernel" for m in fast.modules())  # vitkit's AMX attention kernel
-        fp32_here = dtype == "bf16" and precision_of(fast.dtype) == "fp32"  # a CPU without native bf16: fp32 is faster
-        add("vitkit", "optimized" + ("+compile" if compiled else "") + ("+kernel" if kernel else "")
-            + (", fp32" if fp32_here else ""), lambda fast=fast: fast(x), "fp32" if fp32_here else dtype)
-    if int8 and dtype == "fp32" and (q := _onnx(model, int8=True)) is not None:
+        add("vitkit", "optimized" + (f" ({fast.precision})" if dtype == "auto" else "")
+            + ("+compile" if compiled else "") + ("+kernel" if kernel else ""), lambda fast=fast: fast(x),
+            fast.precision)
+    if int8 and dtype in ("fp32", "auto") and (q := _onnx(model, int8=True)) is not None:
         add("vitkit", "int8 onnx (onnxruntime)", _runner(q, x, "fp32"), "int8")
-    modes = ("fp32",) if dtype == "fp32" else ("bf16-autocast", "bf16-weights")
+    modes = {"fp32": ("fp32",), "bf16": ("bf16-autocast", "bf16-weights")}.get(
+        dtype, ("fp32", "bf16-autocast", "bf16-weights"))  # auto: every peer in each of its dtypes
     for peer in peers:
-        if peer in FP32_ONLY and dtype != "fp32":
+        if peer in FP32_ONLY and dtype == "bf16":
             continue
         m = PEERS[peer](model)
         if m is None:
             continue
         m.eval()
-        for mode in modes:
-            add(peer, mode, _runner(m, x, mode))
+        for mode in modes if peer not in FP32_ONLY else ("fp32",):
+            add(peer, mode, _runner(m, x, mode), "fp32" if mode == "fp32" else "bf16")
     # interleaved: every repeat times each implementation once, so a machine that drifts affects all alike
     speeds = interleaved_throughput([fn for _, _, fn, _, _ in runners], batch, repeats=repeats)
     rows = []

@@ -18,11 +18,12 @@ from .timing import throughput
 CPU = torch.device("cpu")
 
 
-def vitkit_train_steps(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5) -> Callable[[], None]:
+def vitkit_train_steps(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5,
+                       plan: "Plan | None" = None) -> Callable[[], None]:  # noqa: F821
     """A callable running ``steps`` steps of the real trainer (batch augmentation, precision, attention path as
     configured), after ``warmup`` steps (compiling included), for timing round-robin with the plain loops; an epoch
     too short for ``steps`` more is left for the next one. ``run.trainer`` is the Trainer."""
-    t = Trainer(cfg, data=data, log=lambda s: None, progress=False)
+    t = Trainer(cfg, data=data, log=lambda s: None, progress=False, plan_=plan)
     t.total_steps = warmup
     t.train_epoch()
 

@@ -13,9 +13,10 @@ from .common import positive_int
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224")
     p.add_argument("--batches", default="1,16")
-    p.add_argument("--dtypes", default=None,
-                   help="fp32,bf16 (default: fp32, and bf16 where this CPU computes in it natively; bf16 emulated "
-                        "in fp32 runs 5-60x slower than fp32 and is only timed when asked for)")
+    p.add_argument("--dtypes", default="auto",
+                   help="groups to time, of auto,fp32,bf16 (default auto: vitkit as `optimize_for_inference(model)` "
+                        "chooses here, against every peer in fp32 and in bf16, so its ratio is to the best peer in "
+                        "that peer's fastest dtype)")
     p.add_argument("--peers", default="timm,hf,torchvision,onnxruntime",
                    help="implementations to time on the same weights (onnxruntime: the fp32 ONNX export)")
     p.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
@@ -50,24 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.inference import bench_inference
     from ..bench.timing import matmul_ceiling
     from ..runtime.cpu import cpu_kind
-    from ..runtime.precision import cpu_has_native_bf16
-
-    native = cpu_has_native_bf16()
-    dtypes = (args.dtypes or ("fp32,bf16" if native else "fp32")).split(",")
+    dtypes = args.dtypes.split(",")
+    bad = sorted(set(dtypes) - {"auto", "fp32", "bf16"})
+    if bad:
+        raise ValueError(f"--dtypes takes auto, fp32 and bf16, got {', '.join(bad)}")
     print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
-    if not native:
-        print("this CPU has no native bf16 (AVX512-BF16/AMX): " + (
-            "bf16 rows skipped (emulated bf16 is 5-60x slower than fp32; --dtypes fp32,bf16 to time them anyway)"
-            if args.dtypes is None else "vitkit's bf16 rows run in fp32 (marked 'fp32'), as optimize_for_inference "
-                                        "and `precision: auto` choose here"), flush=True)
 
     def measure_ceiling(when: str) -> dict[str, float]:
-        c = {"fp32": matmul_ceiling(torch.float32)}
-        if "bf16" in dtypes or native:
-            c["bf16"] = matmul_ceiling(torch.bfloat16, 4096 if native else 1024)
-        print(f"matmul ceiling{when}: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.items())
-              + ("" if "bf16" in c else ", bf16 not timed (emulated)"), flush=True)
+        c = {"fp32": matmul_ceiling(torch.float32, 2048), "bf16": matmul_ceiling(torch.bfloat16, 2048)}
+        print(f"matmul ceiling{when}: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.items()), flush=True)
         return c
 
     ceiling = measure_ceiling("")
@@ -80,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                                     compile=args.compile, int8=args.int8)
     if not args.no_train:
         print("training throughput ...", flush=True)
-        rows += _train_rows(args.train_steps, "bf16" in dtypes)
+        rows += _train_rows(args.train_steps)
     # measured again at the end, the best of the two kept: the machine drifts (±10% over minutes here), and a
     # ceiling caught in a slow moment would flatter every "of ceiling" figure
     again = measure_ceiling(" again, the higher of the two is used")
@@ -135,9 +128,9 @@ def _write_json(path: str | None, result: dict) -> None:
         print(f"wrote {path}")
 
 
-def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
-    """The Fashion-MNIST recipe's model: vitkit's trainer vs plain loops over timm's same model (the bf16 loop only
-    ``with_bf16``)."""
+def _train_rows(steps: int) -> list[dict]:
+    """The Fashion-MNIST recipe's model: vitkit's trainer (its settings planned here, as `vitkit train` plans them)
+    vs plain loops over timm's same model in fp32 and bf16."""
     import dataclasses
 
     import torch
@@ -147,23 +140,23 @@ def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
     from ..data.datasets import load_dataset
     from ..interop.timm import timm_kwargs
     from ..model.vit import flops_per_image
-    from ..runtime.precision import resolve_precision
-    from ..training.config import TrainConfig, recipe
-    from ..training.trainer import build_model
+    from ..training.build import build_model
+    from ..training.config import TrainConfig, read_recipe
+    from ..training.plan import make_plan
 
     try:
         data = load_dataset("fashion-mnist")
         name = "fashion-mnist"
     except (FileNotFoundError, ValueError):
         data, name = load_dataset("digits"), "digits"
-    cfg = TrainConfig(**{**recipe(name), "dataset": name})
+    cfg = TrainConfig(**{**read_recipe(name), "dataset": name, "tiers": None})
     # timm has no conv stem: the comparison is on the recipe's ViT without its hybrid stem
     cfg = dataclasses.replace(cfg, model_args={k: v for k, v in cfg.model_args.items() if k != "hybrid"})
+    cfg, the_plan = make_plan(cfg, data, name, log=lambda s: None)
     model = build_model(cfg, data)
     gf = flops_per_image(model.config) / 1e9
     rows = []
-
-    precision = resolve_precision(cfg.precision, torch.device("cpu"))  # the recipe's "auto", as the trainer does
+    precision = cfg.precision
 
     def row(impl: str, mode: str, img_s: float, compute: str) -> None:  # all grouped under the trainer's precision
         rows.append({"task": "train", "model": f"{name}-recipe-vit", "batch": cfg.batch_size, "dtype": precision,
@@ -172,11 +165,9 @@ def _train_rows(steps: int, with_bf16: bool = True) -> list[dict]:
 
     # --train-steps in all, timed round-robin in three parts: the machine's drift falls on every loop alike
     part = max(steps // 3, 1)
-    runs = [("vitkit", f"trainer ({precision})", precision, vitkit_train_steps(cfg, data, part))]
+    runs = [("vitkit", f"trainer ({precision}, planned)", precision, vitkit_train_steps(cfg, data, part, the_plan))]
     loops = [("plain loop (fp32)", "fp32", False), ("plain loop (bf16)", "bf16", False),
              ("tutorial loop (PIL, fp32)", "fp32", True)]
-    if not with_bf16:
-        loops = [loop for loop in loops if loop[1] != "bf16"]
     try:
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:

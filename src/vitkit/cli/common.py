@@ -130,7 +130,7 @@ def load_weights(args: argparse.Namespace, onnx: bool = False, **overrides: Any)
             if getattr(args, "device", "auto") not in ("auto", "cpu"):
                 raise ValueError(f"{args.checkpoint}: ONNX files run on the CPU here (onnxruntime's CPU provider); "
                                  f"--device {args.device} needs the PyTorch weights")
-            if getattr(args, "precision", "fp32") != "fp32":
+            if getattr(args, "precision", "fp32") not in ("fp32", "auto"):
                 raise ValueError(f"{args.checkpoint}: an ONNX file runs in the number format it was exported in "
                                  f"(fp32, or int8 with --int8); --precision {args.precision} needs the PyTorch "
                                  "weights")

@@ -22,9 +22,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--img-size", action=ImageSize, default=None,
                    help="evaluate at another resolution (§3.2 resampling): 384, or H W / HxW")
     p.add_argument("-b", "--batch-size", type=int, default=EVAL_BATCH_SIZE)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16 weights (vitkit.optimize_for_inference) or exact fp32")
-    p.add_argument("--out", default=None, help="folder for eval.json and confusion.png (default CHECKPOINT/eval)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="the weights' dtype: auto (the faster of fp32 and bf16, timed here on this model and cached, "
+                        "as vitkit.optimize_for_inference chooses), exact fp32, or bf16")
+    p.add_argument("--out", default=None, help="folder for eval.json and confusion.png (default: CHECKPOINT/eval for a "
+                                               "folder, FILE.eval/ beside a single-file checkpoint)")
     p.add_argument("--device", default="auto")
 
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import normalizer
     from ..inspect.plots import plot_confusion
     from ..runtime.inference import optimize_for_inference
-    from ..runtime.precision import dtype_of, precision_of
+    from ..runtime.precision import dtype_of
     from ..training.evaluate import evaluate
     from ..runtime.device import resolve_device
     from ..serving.onnx import OnnxModel
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if "mean" not in pre:
         pre = {**pre, **dict(zip(("mean", "std"), data.mean_std()))}
     device = torch.device("cpu") if onnx else resolve_device(args.device)
-    fast = model if onnx else optimize_for_inference(model.to(device), dtype_of(args.precision))
+    fast = model if onnx else optimize_for_inference(
+        model.to(device), "auto" if args.precision == "auto" else dtype_of(args.precision), batch_size=args.batch_size)
     split = data.val if args.split == "val" else data.train
     m = evaluate(fast, split, normalizer(pre, c), c.num_classes, device, args.batch_size)
     names = pre.get("class_names") or data.classes
@@ -71,16 +74,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{data.name} {args.split}: {m['n']} images, onnxruntime, "
               + (f"int8 ({model.int8})" if model.int8 else "fp32"))
     else:
-        ran = precision_of(fast.dtype)  # bf16 asked for on a CPU without it: fp32
-        print(f"{data.name} {args.split}: {m['n']} images, {ran}"
-              + (" (this CPU has no native bf16: fp32 is faster)" if ran != args.precision else ""))
+        print(f"{data.name} {args.split}: {m['n']} images, {fast.precision}"
+              + (" (auto: the faster here; --precision fp32 for exact fp32)" if args.precision == "auto" else ""))
     print(f"top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  loss {m['loss']:.4f}")
     width = max(len(n) for n in names)
     for n, a in zip(names, m["per_class_acc"]):
         print(f"  {n:<{width}}  {a:6.2f}%")
-    out = Path(args.out) if args.out else (Path(args.checkpoint).with_suffix("") / "eval" if onnx else
-                                           Path(args.checkpoint) / "eval" if args.checkpoint else
-                                           Path("eval") / args.weights_model.replace("/", "_"))
+    out = Path(args.out) if args.out else default_eval_folder(args)
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({"dataset": data.name, "split": args.split, "classes": names, **m},
                                               indent=1))
@@ -88,3 +88,12 @@ def run(args: argparse.Namespace) -> int:
                    f"{data.name} {args.split}: top-1 {m['top1']:.2f}%")
     print(f"wrote {out / 'eval.json'} and {out / 'confusion.png'}")
     return 0
+
+
+def default_eval_folder(args: argparse.Namespace) -> Path:
+    """``CHECKPOINT/eval`` for a checkpoint folder; ``NAME.SUFFIX.eval/`` beside a single file (a timm .safetensors,
+    a JAX .npz, an ONNX file): never inside another checkpoint's folder, never in place of a file."""
+    if not args.checkpoint:
+        return Path("eval") / args.weights_model.replace("/", "_")
+    ckpt = Path(args.checkpoint)
+    return ckpt / "eval" if ckpt.is_dir() else ckpt.with_name(ckpt.name + ".eval")

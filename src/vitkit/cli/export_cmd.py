@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from ..interop import load, to_hf, to_jax_npz, to_timm
+    from ..model.serialization import atomic_write
 
     if args.int8 and args.format != "onnx":
         raise ValueError("--int8 applies to --format onnx only")
@@ -34,9 +35,10 @@ def run(args: argparse.Namespace) -> int:
     meta = {"vitkit_config": json.dumps(model.config.to_dict())}
     if args.format == "safetensors":
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(out), metadata=meta)
-    elif args.format == "timm":
-        save_file(to_timm(model), str(out), metadata=meta)
+        atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))
+    elif args.format == "timm":  # timm's layout has no head count or pooling: the config rides in the metadata
+        state = to_timm(model)
+        atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))
     elif args.format == "jax":
         to_jax_npz(model, out)
     elif args.format == "hf":

@@ -3,34 +3,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from .common import add_threads_flag, add_weights_flags, apply_threads, load_weights
+from .common import add_threads_flag, add_weights_flags, apply_threads, load_weights, positive_int
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
     add_threads_flag(p)
-    p.add_argument("images", nargs="+", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
-    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("images", nargs="*", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
+    p.add_argument("--topk", type=positive_int, default=5)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--device", default="auto")
 
 
-def predict(model, preprocessing: dict, paths: list[str], topk: int) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Top-k per image file: EXIF orientation applied, transparency on white, channels and size as the model wants."""
-    import torch
+BATCH = 16  # images decoded and predicted at a time: memory stays bounded whatever the count
 
-    from ..data.preprocess import image_files, images_to_tensor, load_images
+
+def predict(model, preprocessing: dict, paths: list[str], topk: int,  # type: ignore[no-untyped-def]
+            progress: bool = False) -> list[dict]:
+    """Top-k per image file: EXIF orientation applied, transparency on white, channels and size as the model wants.
+    Images are decoded ``BATCH`` at a time, each no larger than the model needs (``decode_side``)."""
+    import torch
+    from tqdm import tqdm
+
+    from ..data.preprocess import decode_side, image_files, images_to_tensor, load_images
 
     paths = image_files(paths)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))  # an OnnxModel has none
-    x = images_to_tensor(load_images(paths), preprocessing, model.config).to(device)
-    probs = torch.softmax(model(x).float(), dim=-1)
-    names = preprocessing.get("class_names") or [str(i) for i in range(probs.shape[1])]
-    k = min(topk, probs.shape[1])
-    top = probs.topk(k, dim=-1)
-    return [{"image": p, "top": [{"class": names[int(i)], "index": int(i), "prob": float(v)}
-                                 for v, i in zip(top.values[j], top.indices[j])]} for j, p in enumerate(paths)]
+    side = decode_side(preprocessing, model.config)
+    out = []
+    with tqdm(total=len(paths), unit="img", disable=not progress, leave=False) as bar:
+        for i in range(0, len(paths), BATCH):
+            chunk = paths[i:i + BATCH]
+            x = images_to_tensor(load_images(chunk, max_side=side), preprocessing, model.config).to(device)
+            probs = torch.softmax(model(x).float(), dim=-1)
+            names = preprocessing.get("class_names") or [str(c) for c in range(probs.shape[1])]
+            top = probs.topk(min(topk, probs.shape[1]), dim=-1)
+            out += [{"image": p, "top": [{"class": names[int(c)], "index": int(c), "prob": float(v)}
+                                         for v, c in zip(top.values[j], top.indices[j])]} for j, p in enumerate(chunk)]
+            bar.update(len(chunk))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,11 +53,19 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.device import resolve_device
     from ..serving.onnx import OnnxModel
 
+    from ..data.folder import IMAGE_EXTENSIONS
+
+    pretrained = getattr(args, "pretrained", True)
+    if isinstance(pretrained, str) and Path(pretrained).suffix.lower() in IMAGE_EXTENSIONS and Path(pretrained).is_file():
+        # `--model NAME --pretrained a.jpg`: argparse gave the image to --pretrained; an image is no weights source
+        args.images, args.pretrained = [pretrained, *args.images], True
+    if not args.images:
+        raise ValueError("no images given: vitkit predict --checkpoint DIR IMAGE [IMAGE ...] (files or folders)")
     apply_threads(args)
     model = load_weights(args, onnx=True)
     pre = preprocessing_of(model)
     fast = model if isinstance(model, OnnxModel) else optimize_for_inference(model.to(resolve_device(args.device)))
-    results = predict(fast, pre, args.images, args.topk)
+    results = predict(fast, pre, args.images, args.topk, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps(results, indent=1))
     else:

@@ -30,10 +30,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def data_flags(dataset: str, data_dir: str | None) -> list[str]:
-    """`vitkit train` flags for the claim's data; a clear error when it is not where it was said to be."""
+def data_settings(dataset: str, data_dir: str | None) -> dict[str, str]:
+    """The training settings of the claim's data; a clear error when it is not where it was said to be."""
     if dataset == "fashion-mnist":
-        return ["--dataset", "fashion-mnist"] + (["--data-dir", data_dir] if data_dir else [])
+        return {"dataset": "fashion-mnist", **({"data_dir": data_dir} if data_dir else {})}
     if not data_dir:
         raise ValueError("CIFAR-10 is needed: give --data-dir (an ImageFolder folder or zip with train/ and test/, "
                          "such as cifar10-jpg.zip, or a folder holding torchvision's cifar-10-batches-py)")
@@ -41,8 +41,8 @@ def data_flags(dataset: str, data_dir: str | None) -> list[str]:
     if not path.exists():
         raise FileNotFoundError(f"--data-dir {data_dir} not found")
     if (path / "cifar-10-batches-py").is_dir():
-        return ["--dataset", "cifar10", "--data-dir", data_dir]
-    return ["--dataset", "folder", "--data-dir", data_dir]
+        return {"dataset": "cifar10", "data_dir": data_dir}
+    return {"dataset": "folder", "data_dir": data_dir}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
                              "or zip with train/ and val/, such as ants-bees.zip)")
         if not Path(args.target_dir).exists():
             raise FileNotFoundError(f"--target-dir {args.target_dir} not found")
-        target = ["--dataset", "folder", "--data-dir", args.target_dir]
+        target = {"dataset": "folder", "data_dir": args.target_dir}
     dataset = "cifar10" if claim.name == "transfer" else args.dataset
     budget = args.budget_min or claim.budget_min
-    setup = Setup(data_flags(dataset, args.data_dir), dataset, budget, args.quick, target, out)
+    setup = Setup(data_settings(dataset, args.data_dir), dataset, budget, args.quick, target, out)
     runs = claim.runs(setup)
     out.mkdir(parents=True, exist_ok=True)
     command = "vitkit " + shlex.join(["reproduce", *sys.argv[2:]]) if sys.argv[1:2] == ["reproduce"] else \

@@ -1,4 +1,5 @@
-"""``vitkit train``: recipe (configs/<dataset>.yaml) < --config FILE < flags, then the Trainer."""
+"""``vitkit train``: flags in, the planner (training/plan.py) decides the run, the Trainer trains it; signals,
+torchrun and exit codes are handled here."""
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
     ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
     ("--clip-grad",): ("clip_grad", float, "clip the gradient norm"),
-    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | auto (bf16 where the "
-                                         "device computes in bf16 natively, else fp32; the recipes' choice)"),
+    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | auto (the faster of "
+                                         "fp32 and bf16, timed on this run's step here; the recipes' choice)"),
+    ("--attention",): ("attention", str, "sdpa | exact | auto (the faster, timed here)"),
     ("--device",): ("device", str, "auto | cpu | cuda | cuda:N | mps"),
     ("--threads",): ("threads", int, "CPU threads (default: measured at the start, the fewest within 10%% of the "
                                      "fastest; logged)"),
@@ -54,6 +56,9 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
               "--muon-stem": ("muon_stem", "with --opt muon: Muon for a hybrid's CNN stem filters too"),
               "--muon-embed": ("muon_embed", "with --opt muon: Muon for the patch embedding's projection too"),
               "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)")}
+AUTO_BOOL_FLAGS = {"--compile": ("compile", "torch.compile the model; auto: where the budget repays the compile time "
+                                            "measured here (the recipes' choice; the plan says why)"),
+                   "--channels-last": ("channels_last", "conv weights channels-last; auto: timed here")}
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -64,126 +69,34 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         g.add_argument(*flags, dest=dest, type=typ, default=argparse.SUPPRESS, help=help_)
     for flag, (dest, help_) in BOOL_FLAGS.items():
         g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
-    g.add_argument("--compile", dest="compile", nargs="?", const=True, type=_compile_value, default=argparse.SUPPRESS,
-                   metavar="auto", help="torch.compile the model; --compile auto: where it pays on this device and "
-                                        "budget (the recipes' choice; the log says which); --no-compile: never")
-    g.add_argument("--no-compile", dest="compile", action="store_false", default=argparse.SUPPRESS)
-    g.add_argument("--no-few-epochs", dest="few_epochs", action="store_const", const=None, default=argparse.SUPPRESS,
-                   help="with --time-limit: keep the recipe's model even where the budget buys few epochs of it (the "
-                        "recipe's few_epochs settings are for slower CPUs)")
+    for flag, (dest, help_) in AUTO_BOOL_FLAGS.items():
+        g.add_argument(flag, dest=dest, nargs="?", const=True, type=_auto_bool, default=argparse.SUPPRESS,
+                       metavar="auto", help=help_)
+        g.add_argument("--no-" + flag[2:], dest=dest, action="store_false", default=argparse.SUPPRESS)
+    g.add_argument("--no-tiers", dest="tiers", action="store_const", const=None, default=argparse.SUPPRESS,
+                   help="with --time-limit: keep the recipe's own settings whatever the budget buys (its tiers are "
+                        "for budgets that buy few epochs)")
     g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
 
 
-def _compile_value(text: str) -> bool | str:
+def _auto_bool(text: str) -> bool | str:
     value = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}.get(text.lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"expected auto, true or false, got {text!r}")
     return value
 
 
-def resolve_config(args: argparse.Namespace) -> tuple["TrainConfig", Any]:  # noqa: F821
-    """Layer the sources; for ``--dataset folder`` the recipe is chosen from the data itself."""
-    from ..data.datasets import default_cache_dir, load_dataset
-    from ..training.checkpoint import recover_run
-    from ..training.config import TrainConfig, lay_over, read_yaml, safe_yaml
-    from ..training.recipes import choose_recipe, flips_change_labels
-    from ..interop.pretrained import init_image_size
+def sources(args: argparse.Namespace) -> "Sources":  # noqa: F821
+    """What the command line asked, for the planner."""
+    from ..training.plan import Sources
 
     given = {k: v for k, v in vars(args).items()
              if not k.startswith(("model__", "_")) and k not in ("command", "config")}
-    file_cfg = read_yaml(args.config) if args.config else {}
-    resume = given.get("resume") or file_cfg.get("resume")
-    saved: dict[str, Any] = {}
-    if resume:
-        run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
-        recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
-        if resume == "auto" and not (run_dir / "last").exists():
-            given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
-        elif (run_dir / "config.yaml").is_file():
-            saved = safe_yaml(run_dir / "config.yaml")
-            given["resume"] = str(run_dir)
-            given.setdefault("output", str(run_dir))
-        else:
-            raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
-    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
-    merged: dict[str, Any] = {"dataset": dataset}
-    time_limit = given.get("time_limit") or file_cfg.get("time_limit")  # recipes hold settings for short budgets
-    init = given.get("init") or file_cfg.get("init")
-    data = None
-    if not saved:
-        if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
-            size = model_overrides(args).get("img_size") or init_image_size(init)
-            merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
-        if dataset == "folder":
-            data_dir = given.get("data_dir") or file_cfg.get("data_dir")
-            probe = {**given, **file_cfg}
-            data = load_dataset("folder", data_dir, False, probe.get("skip_bad_images", False),
-                                probe.get("cache_dir") or default_cache_dir(), progress=_progress(),
-                                max_side=merged.get("folder_max_side", 128))
-            name = "finetune" if init else choose_recipe(data)
-            print(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
-        else:
-            name = "finetune" if init else dataset
-        if init:
-            print(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no "
-                  "weight decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings "
-                  "resampled to the training size; a --config file or flags override it)")
-        short = _recipe_for_budget(name, time_limit, {**file_cfg, **given})
-        merged.update({k: v for k, v in short.items() if k != "dataset"})
-        if data is not None and merged.get("hflip") and flips_change_labels(data):
-            merged["hflip"] = False
-            if "hflip" not in given and "hflip" not in file_cfg:
-                print("no horizontal flips: small grayscale images are often digits or characters, which a flip "
-                      "changes (--hflip to flip anyway)")
-    for layer in (saved, file_cfg, given, {"model_args": model_overrides(args)}):
-        merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
-    merged.setdefault("cache_dir", default_cache_dir())
-    if merged.get("few_epochs") and "few_epochs" not in given and "few_epochs" not in file_cfg:
-        merged["few_epochs"] = _without_users_keys(merged["few_epochs"], {**file_cfg, **given},
-                                                   {**file_cfg.get("model_args", {}), **model_overrides(args)})
-    if init and not saved and data is not None:
-        _fit_accumulation(merged, len(data.train), "grad_accum" in given or "grad_accum" in file_cfg)
-    return TrainConfig.from_dict(merged, source="train config"), data
+    return Sources(given, model_overrides(args), args.config)
 
 
-def _without_users_keys(few: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any]) -> dict | None:
-    """The recipe's ``few_epochs`` section without what the user's config file or flags set (those win here too);
-    None if nothing but its ``below`` is left."""
-    few = {k: v for k, v in few.items() if k not in users}
-    if "model_args" in few:
-        few["model_args"] = {k: v for k, v in few["model_args"].items() if k not in users_model}
-        if not few["model_args"]:
-            del few["model_args"]
-    return few if set(few) - {"below"} else None
-
-
-def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool) -> None:
-    """The recipe's batch of 512 by accumulation, cut on a small dataset so an epoch keeps 8 optimiser steps."""
-    batch, accum = merged.get("batch_size", 32), merged.get("grad_accum", 1)
-    fitted = max(1, min(accum, n_train // (8 * batch)))
-    if fitted != accum and not user_set:
-        merged["grad_accum"] = fitted
-        print(f"batch {batch} x {fitted} accumulated = {batch * fitted} (not {batch * accum}): {n_train} training "
-              "images would give fewer than 8 optimiser steps an epoch")
-
-
-def _recipe_for_budget(name: str, time_limit: float | None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """configs/<name>.yaml with its settings for ``time_limit`` minutes, saying what the budget changed. The
-    precision and device of ``settings`` (the user's config file and flags) over the recipe's decide whether the run
-    computes in fp32 on a CPU, and so whether the budget's ``cpu_fp32`` section applies."""
-    from ..training.config import TrainConfig, describe_changes, for_budget, read_recipe, trains_in_fp32_on_cpu
-
-    written = read_recipe(name)
-    full, plain = for_budget(written, None), for_budget(written, time_limit)
-    defaults = TrainConfig().to_dict()  # a key the recipe leaves to the default (eval_every 1) says so
-    run = {**defaults, **full, **(settings or {})}
-    short = for_budget(written, time_limit, trains_in_fp32_on_cpu(run["precision"], run["device"]))
-    changed = describe_changes({**defaults, **full}, short)
-    if changed:
-        budget = f" for --time-limit {time_limit:g}" if time_limit is not None else ""
-        where = " in fp32 on this CPU" if short != plain else ""
-        print(f"recipe configs/{name}.yaml{budget}{where}: {', '.join(changed)}")
-    return short
+def resolve_sources(args: argparse.Namespace, resolve):  # type: ignore[no-untyped-def]
+    return resolve(sources(args), lambda s: print(s, flush=True), _progress())
 
 
 def _progress():  # type: ignore[no-untyped-def]
@@ -219,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.distributed import (destroy_process_group, init_distributed, launched_distributed,
                                        rank_and_world, restart_count)
     from ..training.build import build_data
+    from ..training.plan import make_plan, resolve
     from ..training.trainer import Trainer, TrainingDiverged
 
     distributed = launched_distributed()
@@ -231,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
             args.output = _default_output(args)
     if distributed and rank != 0:
         dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
-    cfg, data = resolve_config(args)
-    if data is None:
-        data = build_data(cfg)
+    say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
+    cfg, data, recipe = resolve(sources(args), say, _progress())
+    data = data or build_data(cfg)
     if distributed and rank == 0:
         dist.barrier()
     if cfg.output is None:
@@ -247,10 +161,11 @@ def run(args: argparse.Namespace) -> int:
     except FileExistsError as e:
         print(f"vitkit train: error: {e}", file=sys.stderr)
         return 2
+    cfg, the_plan = make_plan(cfg, data, recipe, say, start)
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
-                      log=lambda s: print(s, flush=True))
+                      log=lambda s: print(s, flush=True), plan_=the_plan)
     received: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:

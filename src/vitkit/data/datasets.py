@@ -145,4 +145,7 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
 
 
 def default_cache_dir() -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "vitkit")
+    """``$VITKIT_CACHE_DIR``, else ``~/.cache/vitkit`` (decoded datasets, and the calibration timings)."""
+    from ..runtime.calibrate import cache_dir  # the one definition of vitkit's cache folder
+
+    return str(cache_dir())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -35,24 +36,50 @@ class _Source:
             raise ValueError(f"{path}: not a readable zip of images (truncated, or not a zip: {e})") from None
         if self.zip is None and not path.is_dir():
             raise FileNotFoundError(f"{path}: no such folder or zip file")
-        names = self.zip.namelist() if self.zip else [str(p.relative_to(path)) for p in path.rglob("*")]
+        names = self.zip.namelist() if self.zip else _walk(path)
         self.files: dict[str, dict[str, list[str]]] = {}  # split -> class -> files
         self.dirs: dict[str, set[str]] = {}
-        for n in sorted(names):
+        self.names: dict[str, str] = {}  # as split below (a zip written on Windows has backslashes) -> as stored
+        roots: dict[str, set[str]] = {}  # the folder holding train/ val/ test/ -> the splits found there
+        entries = []
+        for stored in sorted(names):
+            n = stored.replace("\\", "/")
             parts = Path(n).parts
             if any(is_junk(p) for p in parts):
                 continue
-            # accept one wrapping folder (cifar10/train/...), as zips are often made that way
-            for i in range(len(parts) - 1):
-                if parts[i] in ("train", "val", "test") and len(parts) - i in (2, 3):
-                    split = parts[i]
-                    is_class_dir = len(parts) - i == 2  # zip directory entry or real folder
-                    if is_class_dir and self.zip is None and not (path / n).is_dir():
-                        break  # a stray file directly under train/
-                    self.dirs.setdefault(split, set()).add(parts[i + 1])
-                    if not is_class_dir and Path(n).suffix.lower() in IMAGE_EXTENSIONS:
-                        self.files.setdefault(split, {}).setdefault(parts[i + 1], []).append(n)
-                    break
+            i = next((i for i, p in enumerate(parts[:-1]) if p in ("train", "val", "test")), None)
+            if i is None:
+                continue
+            root = "/".join(parts[:i])
+            roots.setdefault(root, set()).add(parts[i])
+            entries.append((root, parts[i:], n, stored))
+        with_train = sorted(r for r, splits in roots.items() if "train" in splits)
+        if len(with_train) > 1:  # a nested copy, or two versions side by side: which one is meant?
+            listed = ", ".join(f"{r or '.'}/ ({', '.join(sorted(roots[r]))})" for r in with_train)
+            raise ValueError(f"{path}: {len(with_train)} folders hold a train/ split: {listed}; vitkit reads exactly "
+                             "one (merging them would train on duplicates or on validation images). Point --data-dir "
+                             "at one of them (unzip first for a zip)")
+        self.root = with_train[0] if with_train else (sorted(roots)[0] if roots else "")
+        deeper = []
+        for root, rel, n, stored in entries:
+            if root != self.root:
+                continue
+            split, cls = rel[0], rel[1]
+            if len(rel) == 2:  # a class folder (a zip's directory entry, or a real folder)
+                if self.zip is None and not (path / n).is_dir():
+                    continue  # a stray file directly under train/
+                self.dirs.setdefault(split, set()).add(cls)
+            elif Path(n).suffix.lower() in IMAGE_EXTENSIONS:
+                if len(rel) > 3:
+                    deeper.append(n)
+                    continue
+                self.dirs.setdefault(split, set()).add(cls)
+                self.files.setdefault(split, {}).setdefault(cls, []).append(n)
+                self.names[n] = stored
+        if deeper:
+            raise ValueError(f"{path}: {len(deeper)} image(s) lie deeper than <split>/<class>/<image>, e.g. "
+                             f"{deeper[0]}; vitkit reads the images directly inside each class folder (a sub-folder "
+                             "is not a class): move them up, or make each sub-folder a class of its own")
 
     def where(self, name: str) -> str:
         return f"{self.path}/{name}" if self.zip else str(self.path / name)
@@ -61,11 +88,12 @@ class _Source:
         """The file's bytes; an entry too large to be an image, or a file that cannot be read (a symlink loop, a
         permission), is a BadImageError naming it, so --skip-bad-images can pass over it."""
         try:
-            size = self.zip.getinfo(name).file_size if self.zip else (self.path / name).stat().st_size
+            size = self.zip.getinfo(self.names.get(name, name)).file_size if self.zip else \
+                (self.path / name).stat().st_size
             if size > MAX_IMAGE_BYTES:  # known before a byte is inflated: a zip bomb is refused at once
                 raise BadImageError(self.where(name), f"{size:,} bytes, more than the {MAX_IMAGE_BYTES:,} an image "
                                                       "file may have")
-            return self.zip.read(name) if self.zip else (self.path / name).read_bytes()
+            return self.zip.read(self.names.get(name, name)) if self.zip else (self.path / name).read_bytes()
         except (OSError, zipfile.BadZipFile) as e:
             raise BadImageError(self.where(name), f"cannot read it ({type(e).__name__}: {e})") from None
 
@@ -89,6 +117,21 @@ class _Source:
         return f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{digest}"
 
 
+def _walk(path: Path) -> list[str]:
+    """Every file and folder under ``path`` (relative, "/"-separated), following symlinked folders (a class folder
+    linked in from elsewhere is a class), each real folder once (a link loop ends)."""
+    out, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        rel = Path(dirpath).relative_to(path)
+        out += [str(rel / d) for d in dirnames] + [str(rel / f) for f in filenames]
+    return [n[2:] if n.startswith("./") else n for n in out]
+
+
 def is_junk(name: str) -> bool:
     """What operating systems leave beside photos: macOS's __MACOSX/ and ._* AppleDouble files, .DS_Store,
     Windows' Thumbs.db and desktop.ini, and any other hidden file or folder."""
@@ -103,7 +146,7 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     src = _Source(Path(path))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
-                                f"{sorted(src.dirs) or 'none'}")
+                                f"{sorted(src.dirs) or 'none'}" + (f" under {src.root}/" if src.root else ""))
     val_split = "val" if "val" in src.dirs else "test" if "test" in src.dirs else None
     if val_split is None:
         raise FileNotFoundError(f"{path}: found train/ but neither val/ nor test/")

@@ -79,15 +79,25 @@ def image_files(paths: list[str]) -> list[str]:
     return out
 
 
-def load_images(paths: list[str], max_pixels: int | None = None) -> list[Image.Image]:
+def load_images(paths: list[str], max_pixels: int | None = None, max_side: int | None = None) -> list[Image.Image]:
+    """The images, decoded (``max_side``: no larger than that on their longer side, a JPEG decoded at a reduced
+    scale while it is read)."""
     out = []
     for p in paths:
         try:
             data = Path(p).read_bytes()
         except OSError as e:
             raise BadImageError(p, f"cannot read it ({e.strerror or e})") from None
-        out.append(open_image(data, p, max_pixels))
+        out.append(open_image(data, p, max_pixels, max_side))
     return out
+
+
+def decode_side(preprocessing: dict[str, Any], config: Any) -> int:
+    """The longer side an image need not exceed when it is decoded for ``config``'s model: four times what its
+    transform resizes to, so the short side of any photo up to 4:1 still covers the resize. A 12-megapixel photo
+    for a 224-pixel model is then decoded at about 1000x750, not 4000x3000 (2 MB instead of 36)."""
+    crop = preprocessing.get("crop_pct", 1.0) or 1.0
+    return 4 * math.ceil(max(to_2tuple(config.img_size)) / crop)
 
 
 def preprocessing_of(model: Any) -> dict[str, Any]:

@@ -26,6 +26,37 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
+METADATA_KEY = "vitkit_config"  # vitkit's ViTConfig, in the metadata of the safetensors files `vitkit export` writes
+
+
+def written_config(path: str | Path) -> dict[str, Any]:
+    """The ViTConfig a safetensors file's metadata carries (what ``vitkit export`` writes there: the head count,
+    pooling and the rest that the weights cannot show), or {} for any other file."""
+    p = Path(path)
+    if p.suffix != ".safetensors":
+        return {}
+    from safetensors import safe_open  # the safetensors dependency; only the header is read
+
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            text = (f.metadata() or {}).get(METADATA_KEY)
+    except Exception as e:  # noqa: BLE001 - a damaged header: read_safetensors names it when the weights are read
+        raise ValueError(f"{p}: not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
+    if text is None:
+        return {}
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        cfg = None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p}: its '{METADATA_KEY}' metadata is not a JSON mapping of ViTConfig keys")
+    from ..model.config import ViTConfig
+    from ..model.fields import check_keys
+
+    check_keys(cfg, "model config", ViTConfig, source=f"{p} metadata '{METADATA_KEY}'")
+    return cfg
+
+
 def weights_in(d: Path) -> Path:
     for name in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
         if (d / name).is_file():

@@ -10,11 +10,18 @@ import torch
 from ..model.config import TABLE1, ViTConfig, hybrid_stride, to_2tuple
 
 WIDTH_TO_HEADS = {d["embed_dim"]: d["num_heads"] for d in TABLE1.values()}
+WIDTH_TO_HEADS.update({192: 3, 384: 6})  # ViT-Ti and ViT-S (DeiT; timm's presets): 64-wide heads as in Table 1
 
 
-def heads_for(width: int) -> int:
-    """Attention heads are not visible in the weights: Table 1's count for its widths, else 64-wide heads."""
-    return WIDTH_TO_HEADS.get(width, max(1, width // 64))
+def heads_for(width: int, source: str) -> int:
+    """Attention heads are not visible in the weights. For the widths of the standard models (Table 1, ViT-Ti/S) the
+    count every published checkpoint of that width uses; for any other width the weights fit any divisor of it, so
+    a guess could be silently wrong: refused, naming what to pass."""
+    if width in WIDTH_TO_HEADS:
+        return WIDTH_TO_HEADS[width]
+    raise ValueError(f"{source}: the number of attention heads is not in the weights, and width {width} is not a "
+                     "standard ViT's (192, 384, 768, 1024, 1280), so it cannot be guessed; pass it: "
+                     "`vitkit import --num-heads N` (or num_heads=N). Files that vitkit writes carry it")
 
 
 def patch_count(img_size: Any, patch: tuple[int, int], stride: int = 1) -> int:
@@ -50,11 +57,15 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
         in_chans = sd[root + "conv.weight"].shape[1]
     stride = hybrid_stride(hybrid) if hybrid else 1
     depth = len({m.group(1) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))})
-    pool = "cls" if "cls_token" in sd else "map" if "attn_pool.latent" in sd else "gap"
+    pool = known.get("pool") or ("cls" if "cls_token" in sd else "map" if "attn_pool.latent" in sd else "gap")
+    if pool == "cls" and "fc_norm.weight" in sd and "pool" not in known:
+        raise ValueError(f"{source}: a class token and an fc_norm: what timm writes for global_pool='avg' with a class "
+                         "token (the mean of the patch tokens), which vitkit does not have. If the model pools its "
+                         "class token (global_pool='token', fc_norm=True), pass pool='cls' (`vitkit import --pool cls`)")
     prefix = 1 if pool == "cls" else 0
     cfg: dict[str, Any] = dict(
         patch_size=ph if ph == pw else (ph, pw), in_chans=in_chans, embed_dim=dim, depth=depth,
-        num_heads=heads_for(dim), pool=pool, qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        num_heads=known["num_heads"] if "num_heads" in known else heads_for(dim, source) if depth else 1, pool=pool, qkv_bias="blocks.0.attn.qkv.bias" in sd,
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim if depth else 4.0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         fc_norm="fc_norm.weight" in sd, hybrid=hybrid,
@@ -70,8 +81,10 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
             cfg["img_size"] = (side * ph * stride if ph == pw else (side * ph * stride, side * pw * stride))
         else:
             raise ValueError(f"{source}: pos_embed has {n} patch tokens, not a square grid; pass img_size=(H, W)")
-    elif "img_size" not in known:
-        cfg["img_size"] = 224  # no table to size it: the models without one work at any multiple of the patch
+    elif "img_size" not in known:  # a sin-cos (or no) position embedding works at any size: which one was it?
+        raise ValueError(f"{source}: no position table, so the image size the model was trained at is not in the "
+                         "weights (a 224x160 model read as 224x224 would squash its inputs); pass it: "
+                         "`--img-size H W` (or img_size=(H, W))")
     cfg.update(known)
     return ViTConfig(**cfg)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.vit import VisionTransformer
-from .files import load_state_file, weights_in
+from .files import load_state_file, weights_in, written_config
 from .hf import from_hf, hf_to_vitkit
 from .infer import infer_config, table_is_square
 from .jax import jax_to_vitkit, read_npz
@@ -45,12 +45,13 @@ def detect_format(src: str | Path) -> str:
 
 
 # What the weights cannot say (set on the inferred config), as opposed to adaptations (img_size, num_classes).
-FACTS = ("num_heads", "pos_embed", "layer_norm_eps")
+FACTS = ("num_heads", "pos_embed", "layer_norm_eps", "pool")
 
 
 def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
     facts = {k: overrides.pop(k) for k in FACTS if k in overrides}
-    if "img_size" in overrides and not table_is_square(sd):  # no square table: the size is a fact, not a change
+    if "img_size" in overrides and "img_size" not in said and not table_is_square(sd):
+        # no square table and no written size: the size is a fact, not a change
         facts["img_size"] = overrides.pop("img_size")
     return build_adapted(infer_config(sd, source, **{**said, **facts}), sd, source, **overrides)
 
@@ -74,10 +75,8 @@ def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTra
             return build_adapted(model.config, model.state_dict(), str(p), **overrides)
         return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides))
     if fmt == "timm":
-        sd = timm_to_vitkit(load_state_file(weights_in(p) if p.is_dir() else p), str(p))
-        return _build(sd, str(p), {}, dict(overrides))
+        f = weights_in(p) if p.is_dir() else p
+        sd = timm_to_vitkit(load_state_file(f), str(p))
+        said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
+        return _build(sd, str(p), said, dict(overrides))
     raise ValueError(f"unknown format {fmt!r}; expected vitkit, timm, hf or jax")
-
-
-load_any = load  # the names this had before: kept for existing code
-load_pretrained = load

@@ -56,6 +56,8 @@ def _coerce(v: Any, typ: str, where: str) -> Any:
                 return v
             if kind.startswith("dict") and isinstance(v, dict):
                 return v
+            if kind.startswith("list") and isinstance(v, list):
+                return v
         except (TypeError, ValueError):
             continue
     raise ConfigError(f"{where} must be {_describe(kinds)}, got {v!r}")
@@ -85,7 +87,8 @@ def _float(v: Any) -> float:
 def _describe(kinds: list[str]) -> str:
     names = {"int": "a whole number", "float": "a finite number", "bool": "true or false", "str": "text",
              "None": "empty (null)"}
-    return " or ".join(names.get(k, "a pair [H, W]" if k.startswith("tuple") else "a mapping") for k in kinds)
+    return " or ".join(names.get(k, "a pair [H, W]" if k.startswith("tuple") else "a list" if k.startswith("list")
+                                      else "a mapping") for k in kinds)
 
 
 def check_range(source: str, name: str, value: float | None, lo: float | None = None, hi: float | None = None,

@@ -32,6 +32,9 @@ def atomic_write(path: Path, write: Any) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary file (a writer may create its temporary file 0600)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -103,6 +106,10 @@ def check_preprocessing(pre: Any, config: ViTConfig, source: str) -> dict[str, A
             counts = " or ".join(str(n) for n in sorted({1, 3, config.in_chans}))
             raise ValueError(f"{source}: preprocessing {key} must be a list of {counts} finite numbers"
                              f"{' above 0' if key == 'std' else ''}, got {v!r}")
+    crop = pre.get("crop_pct", 1.0)
+    if isinstance(crop, bool) or not isinstance(crop, (int, float)) or not 0 < crop <= 1:
+        raise ValueError(f"{source}: preprocessing crop_pct must be a number in (0, 1] (the share of the resized "
+                         f"image the centre crop keeps), got {crop!r}")
     names = pre.get("class_names")
     if names is not None and (not isinstance(names, list) or len(names) != config.num_classes
                               or not all(isinstance(n, str) for n in names)):

@@ -1,6 +1,6 @@
 """The paper's claims as sweeps of ordinary training runs: which runs, what is held equal, and what would count as
-agreeing with the paper. Every run is a ``vitkit train`` command (the CSV keeps it), so any point can be re-run
-alone."""
+agreeing with the paper. Every run is a set of TrainConfig settings, trained as ``vitkit train`` trains them (the CSV
+keeps the equivalent ``vitkit train`` command), so any point can be re-run alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,31 +16,31 @@ QUICK_SHARE = 0.02  # --quick: this share of each run's training images, narrow 
 class Setup:
     """What the command line gave: data, budgets, quick or full."""
 
-    data: list[str]  # `vitkit train` data flags of the claim's main dataset
+    data: dict[str, Any]  # the TrainConfig data settings of the claim's main dataset
     dataset: str  # cifar10 | fashion-mnist (which models fit it)
     budget_min: float
     quick: bool
-    target: list[str] | None = None  # transfer: the fine-tuning dataset's flags
+    target: dict[str, Any] | None = None  # transfer: the fine-tuning dataset's settings
     out: Path = Path(".")
 
     @property
     def budget(self) -> float | None:
         return None if self.quick else self.budget_min
 
-    def train_flags(self) -> list[str]:
+    def train_settings(self) -> dict[str, Any]:
         # the wall-clock budget decides how long every run trains (the epochs are a ceiling it never reaches); the
         # test split is evaluated once, at the end: the number reported is never a best-of-many on the test set
         if self.quick:  # one epoch of small batches, nothing compiled: the machinery, in seconds
-            return ["--epochs", "1", "--eval-every", "1", "--batch-size", "8", "--no-compile"]
-        return ["--epochs", "1000", "--eval-every", "1000"]
+            return {"epochs": 1, "eval_every": 1, "batch_size": 8, "compile": False}
+        return {"epochs": 1000, "eval_every": 1000}
 
-    def fraction(self, f: float) -> list[str]:
+    def fraction(self, f: float) -> dict[str, Any]:
         f = f * QUICK_SHARE if self.quick else f
-        return ["--train-fraction", f"{f:g}"] if f < 1 else []
+        return {"train_fraction": float(f"{f:g}")} if f < 1 else {}
 
 
 # ------------------------------------------------------------------------------------------ models
-def models(dataset: str, quick: bool = False) -> dict[str, list[str]]:
+def models(dataset: str, quick: bool = False) -> dict[str, dict[str, Any]]:
     """The three models of the data-size claim for ``dataset``, of about the same training cost per image (400-650
     img/s in bf16 on 2 AMD EPYC cores, results/train-throughput-cpu.csv): a plain ViT (patch 4), the hybrid of the
     dataset's recipe with its CNN stem at half width (at full width it trains at 255 img/s: one epoch of CIFAR-10 in
@@ -56,14 +56,17 @@ def models(dataset: str, quick: bool = False) -> dict[str, list[str]]:
     if quick:  # eight times narrower stems
         hybrid, resnet = (_narrow(s) for s in (hybrid, resnet))
         resnet_dim, hybrid_depth = 32, 1
-    base = ["--model", "vit_micro_patch4_32", "--img-size", str(size)]
+
+    def model(**args: Any) -> dict[str, Any]:
+        return {"model": "vit_micro_patch4_32", "model_args": {"img_size": size, **args}}
+
     return {
-        "resnet": base + ["--patch-size", "1", "--embed-dim", str(resnet_dim), "--depth", "0", "--num-heads", "4",
-                          "--pool", "gap", "--pos-embed", "none", "--hybrid", resnet],
-        "hybrid": base + ["--patch-size", str(hybrid_patch), "--embed-dim", str(dim), "--depth", str(hybrid_depth),
-                          "--num-heads", str(heads), "--pool", "cls", "--pos-embed", "learn", "--hybrid", hybrid],
-        "vit": base + ["--patch-size", str(vit_patch), "--embed-dim", str(dim), "--depth", str(depth),
-                       "--num-heads", str(heads), "--pool", "cls", "--pos-embed", "learn", "--hybrid", "none"],
+        "resnet": model(patch_size=1, embed_dim=resnet_dim, depth=0, num_heads=4, pool="gap", pos_embed="none",
+                        hybrid=resnet),
+        "hybrid": model(patch_size=hybrid_patch, embed_dim=dim, depth=hybrid_depth, num_heads=heads, pool="cls",
+                        pos_embed="learn", hybrid=hybrid),
+        "vit": model(patch_size=vit_patch, embed_dim=dim, depth=depth, num_heads=heads, pool="cls", pos_embed="learn",
+                     hybrid="none"),
     }
 
 
@@ -76,9 +79,13 @@ def _narrow(spec: str) -> str:
     return name + ":" + ",".join(eighth(w) for w in widths.split(","))
 
 
-def _replace(flags: list[str], flag: str, value: str) -> list[str]:
-    out = list(flags)
-    out[out.index(flag) + 1] = value
+def _with(settings: dict[str, Any], *layers: dict[str, Any], **model_args: Any) -> dict[str, Any]:
+    """``settings`` with ``layers`` laid over it and ``model_args`` merged into its model's."""
+    out = dict(settings)
+    for layer in layers:
+        out.update(layer)
+    if model_args:
+        out["model_args"] = {**settings.get("model_args", {}), **model_args}
     return out
 
 
@@ -87,9 +94,9 @@ FRACTIONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 def data_size_runs(s: Setup) -> list[Run]:
-    return [Run(f"{name}-{round(f * 100)}pct", s.data + flags + s.fraction(f) + s.train_flags(),
+    return [Run(f"{name}-{round(f * 100)}pct", _with(s.data, m, s.fraction(f), s.train_settings()),
                 {"model": name, "train_fraction": f}, s.budget)
-            for name, flags in models(s.dataset, s.quick).items() for f in FRACTIONS]
+            for name, m in models(s.dataset, s.quick).items() for f in FRACTIONS]
 
 
 POS_EMBEDS = ("none", "learn", "sincos2d")
@@ -97,8 +104,8 @@ POS_EMBEDS = ("none", "learn", "sincos2d")
 
 def posemb_runs(s: Setup) -> list[Run]:
     vit = models(s.dataset, s.quick)["vit"]
-    return [Run(f"{pe}-seed{seed}", s.data + _replace(vit, "--pos-embed", pe) + ["--seed", str(seed)]
-                + s.fraction(1.0) + s.train_flags(), {"pos_embed": pe, "seed": seed}, s.budget)
+    return [Run(f"{pe}-seed{seed}", _with(_with(s.data, vit, {"seed": seed}, s.fraction(1.0), s.train_settings()),
+                                          pos_embed=pe), {"pos_embed": pe, "seed": seed}, s.budget)
             for pe in POS_EMBEDS for seed in (0, 1, 2)]
 
 
@@ -107,8 +114,8 @@ PATCHES = (2, 4, 8)
 
 def patch_size_runs(s: Setup) -> list[Run]:
     vit = models(s.dataset, s.quick)["vit"]
-    size = int(vit[vit.index("--img-size") + 1])
-    return [Run(f"patch{p}", s.data + _replace(vit, "--patch-size", str(p)) + s.fraction(1.0) + s.train_flags(),
+    size = vit["model_args"]["img_size"]
+    return [Run(f"patch{p}", _with(_with(s.data, vit, s.fraction(1.0), s.train_settings()), patch_size=p),
                 {"patch_size": p, "tokens": (size // p) ** 2}, s.budget)
             for p in PATCHES if size % p == 0]
 
@@ -121,22 +128,22 @@ def transfer_runs(s: Setup) -> list[Run]:
         raise ValueError("transfer needs the fine-tuning dataset: --target-dir (an ImageFolder folder or zip with "
                          "train/ and val/, such as ants-bees.zip)")
     vit = models(s.dataset, s.quick)["vit"]
-    size = vit[vit.index("--img-size") + 1]
-    init = str(s.out / "runs" / "pretrain" / "last")
-    target = s.target + s.train_flags()
+    size = vit["model_args"]["img_size"]
+    init = {"init": str(s.out / "runs" / "pretrain" / "last")}
+    target = _with(s.target, s.train_settings())
     pre_budget = s.budget * PRETRAIN_BUDGET_X if s.budget else None
     return [
-        Run("pretrain", s.data + vit + s.fraction(1.0) + s.train_flags(),
-            {"stage": "pre-train on CIFAR-10", "weights": "random", "trained": "all", "resolution": int(size)},
+        Run("pretrain", _with(s.data, vit, s.fraction(1.0), s.train_settings()),
+            {"stage": "pre-train on CIFAR-10", "weights": "random", "trained": "all", "resolution": size},
             pre_budget),
-        Run("scratch", target + vit, {"stage": "target", "weights": "random", "trained": "all",
-                                      "resolution": int(size)}, s.budget),
-        Run("finetune", target + ["--init", init, "--img-size", size],
-            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": int(size)}, s.budget),
-        Run("finetune-2x-res", target + ["--init", init, "--img-size", str(2 * int(size))],
-            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": 2 * int(size)}, s.budget),
-        Run("linear-probe", target + ["--init", init, "--img-size", size, "--freeze-body"],
-            {"stage": "target", "weights": "pre-trained", "trained": "head", "resolution": int(size)}, s.budget),
+        Run("scratch", _with(target, vit), {"stage": "target", "weights": "random", "trained": "all",
+                                            "resolution": size}, s.budget),
+        Run("finetune", _with(target, init, img_size=size),
+            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": size}, s.budget),
+        Run("finetune-2x-res", _with(target, init, img_size=2 * size),
+            {"stage": "target", "weights": "pre-trained", "trained": "all", "resolution": 2 * size}, s.budget),
+        Run("linear-probe", _with(target, init, {"freeze_body": True}, img_size=size),
+            {"stage": "target", "weights": "pre-trained", "trained": "head", "resolution": size}, s.budget),
     ]
 
 

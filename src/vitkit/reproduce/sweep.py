@@ -1,13 +1,10 @@
-"""Running a claim's runs: each one an ordinary ``vitkit train`` (same engine, same recipes), one after another in
-this process, its row appended to ``results.csv`` as soon as it ends. A sweep that is stopped continues where it
+"""Running a claim's runs: each one an ordinary training run (the same planner, recipes and Trainer as ``vitkit
+train``), one after another in this process, its row appended to ``results.csv`` as soon as it ends. A sweep that is stopped continues where it
 stopped: finished runs (rows in the CSV) are not repeated, the run that was cut off resumes from its ``last/``."""
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import os
-import re
 import shlex
 import shutil
 import time
@@ -23,11 +20,8 @@ from tqdm import tqdm
 from ..model.config import to_2tuple
 from ..model.serialization import read_config
 from ..model.vit import VisionTransformer
-from ..training.config import safe_yaml
 from ..training.runlog import read_metrics
 
-SIZES = re.compile(r"(\d+) train / (\d+) val images")
-FINAL = re.compile(r"^final: val_top1=([\d.]+) epochs=(\d+) elapsed_s=([\d.]+)", re.M)
 
 
 class SweepError(RuntimeError):
@@ -36,20 +30,40 @@ class SweepError(RuntimeError):
 
 @dataclass
 class Run:
-    """One point of a claim: ``vitkit train ARGS --time-limit BUDGET --output OUT/runs/ID``."""
+    """One point of a claim: TrainConfig ``settings`` trained for ``budget_min`` minutes into OUT/runs/ID."""
 
     id: str
-    args: list[str]
+    settings: dict[str, Any]
     fields: dict[str, Any]  # the columns that place the point: model, train_fraction, seed, pos_embed, ...
-    budget_min: float | None  # None: the run's own --epochs decide (--quick)
+    budget_min: float | None  # None: the run's own epochs decide (--quick)
 
-    def train_argv(self) -> list[str]:
-        """``vitkit train`` arguments of this point, as the CSV records them (no run folder)."""
-        return ["train", *self.args, *(["--time-limit", f"{self.budget_min:g}"] if self.budget_min else [])]
+    def train_settings(self) -> dict[str, Any]:
+        """The settings of this point, as the CSV records them (no run folder)."""
+        return {**self.settings, **({"time_limit": self.budget_min} if self.budget_min else {})}
 
-    def command(self, out: Path) -> list[str]:
-        """The arguments the sweep runs: into ``out/runs/ID``, continuing it if it was cut off."""
-        return [*self.train_argv(), "--output", str(out / "runs" / self.id), "--resume", "auto"]
+    def command(self) -> str:
+        """The ``vitkit train`` command that trains this point alone."""
+        return "vitkit " + shlex.join(["train", *train_flags(self.train_settings())])
+
+
+# model settings whose flag is not --KEY-WITH-DASHES
+MODEL_FLAG_NAMES = {"drop_path_rate": "--drop-path", "drop_rate": "--drop"}
+
+
+def train_flags(settings: dict[str, Any]) -> list[str]:
+    """``vitkit train`` flags for TrainConfig ``settings`` (``model_args`` as model flags)."""
+    out: list[str] = []
+    for k, v in settings.items():
+        if k == "model_args":
+            for mk, mv in v.items():
+                flag = MODEL_FLAG_NAMES.get(mk, "--" + mk.replace("_", "-"))
+                out += [flag, *(str(x) for x in mv)] if isinstance(mv, (tuple, list)) else \
+                    [flag, "none" if mv is None else str(mv)]
+        elif isinstance(v, bool):
+            out.append(("--" if v else "--no-") + k.replace("_", "-"))
+        else:
+            out += ["--" + k.replace("_", "-"), f"{v:g}" if isinstance(v, float) else str(v)]
+    return out
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -96,57 +110,39 @@ def train_flops_per_image(run_dir: Path) -> float:
 
 def execute(run: Run, out: Path) -> dict[str, Any]:
     """Train one run (resuming its folder if it was cut off) and return its row."""
-    from ..cli.main import main  # the CLI imports this package: taken when a run starts, so no import cycle
+    from ..training.plan import Sources, plan_run
+    from ..training.trainer import Trainer
 
     run_dir = out / "runs" / run.id
     if run_dir.exists() and not (run_dir / "last").exists():
         shutil.rmtree(run_dir)  # cut off before its first checkpoint: nothing to resume, start it again
     run_dir.mkdir(parents=True, exist_ok=True)
-    argv = run.command(out)
-    log = io.StringIO()
+    settings = {**run.train_settings(), "output": str(run_dir), "resume": "auto"}
+    given = {k: v for k, v in settings.items() if k != "model_args"}
     t = time.time()
-    errors = io.StringIO()
-    with (run_dir / "train.log").open("a") as f, contextlib.redirect_stdout(_Tee(f, log)), \
-            contextlib.redirect_stderr(_Tee(f, errors)):
+    with (run_dir / "train.log").open("a") as f:
+        def say(line: str) -> None:
+            f.write(line + "\n")
+            f.flush()
+
         try:
-            code = main(argv)
+            cfg, plan, data = plan_run(Sources(given, settings.get("model_args", {})), log=say, start_time=t)
+            trainer = Trainer(cfg, data=data, log=say, start_time=t, progress=False, plan_=plan)
+            result = trainer.fit()
         except Exception as e:  # noqa: BLE001 - the traceback goes to the run's log, the sweep says what and where
-            traceback.print_exc()
-            code = f"{type(e).__name__}: {e}"
-    text = log.getvalue()
-    found = FINAL.search(text)
-    sizes = SIZES.findall(text)
-    if code != 0 or not found:
-        said = [line for line in errors.getvalue().splitlines() if "error:" in line]
-        why = said[-1] if said else f"exit {code}" if isinstance(code, int) else code
-        raise SweepError(f"run {run.id} failed: {why}; its log: {run_dir / 'train.log'}; command: "
-                         f"vitkit {shlex.join(argv)}")
+            traceback.print_exc(file=f)
+            raise SweepError(f"run {run.id} failed: {type(e).__name__}: {e}; its log: {run_dir / 'train.log'}; "
+                             f"command: {run.command()}") from None
     metrics = read_metrics(run_dir / "metrics.jsonl")
-    cfg = safe_yaml(run_dir / "config.yaml")
-    images = metrics[-1]["step"] * cfg["batch_size"] * cfg["grad_accum"] if metrics else 0
+    images = metrics[-1]["step"] * cfg.batch_size * cfg.grad_accum if metrics else 0
     flops = train_flops_per_image(run_dir)
-    return {"run": run.id, **run.fields, "test_top1": float(found[1]),
-            "train_images": int(sizes[-1][0]) if sizes else "", "test_images": int(sizes[-1][1]) if sizes else "",
-            "epochs": int(found[2]),
+    return {"run": run.id, **run.fields, "test_top1": round(result.val_top1, 3),
+            "train_images": len(trainer.data.train), "test_images": len(trainer.data.val),
+            "epochs": result.epochs,
             "train_images_seen": images, "gflop_per_train_image": float(f"{flops / 1e9:.4g}"),
-            "train_pflop": float(f"{flops * images / 1e15:.4g}"), "elapsed_s": float(found[3]),
+            "train_pflop": float(f"{flops * images / 1e15:.4g}"), "elapsed_s": round(result.elapsed_s, 1),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
-            "precision": metrics[-1].get("precision", "") if metrics else "",
-            "command": "vitkit " + shlex.join(run.train_argv())}
-
-
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams: Any) -> None:
-        self.streams = streams
-
-    def write(self, s: str) -> int:
-        for st in self.streams:
-            st.write(s)
-        return len(s)
-
-    def flush(self) -> None:
-        for st in self.streams:
-            st.flush()
+            "precision": cfg.precision, "command": run.command()}
 
 
 def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = True,

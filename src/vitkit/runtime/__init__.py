@@ -1,13 +1,13 @@
-"""Where and how a model runs: device, distributed group, precision, compilation, inference preparation, and
-vitkit's CPU attention kernel. Every speed decision lives here, chosen from measurements (docs: Speed)."""
-from .compile import compile_for_training, configure_for_training, has_cxx_compiler, training_attention
+"""Where and how a model runs: device, distributed group, precision, compilation, inference preparation, vitkit's
+CPU attention kernel, and calibration: every ``auto`` speed decision is a timing on this machine (docs: Speed)."""
+from .calibrate import Calibration, calibrate, fingerprint
+from .compile import compile_for_training, has_cxx_compiler
 from .device import resolve_device
 from .distributed import destroy_process_group, init_distributed, rank_and_world
-from .inference import InferenceModel, optimize_for_inference, use_cpu_attention_kernel
-from .precision import (DTYPES, PRECISIONS, autocast_for, cpu_has_native_bf16, dtype_of, has_native_bf16,
-                        inference_dtype, precision_note, precision_of, resolve_precision)
+from .inference import InferenceModel, choose_inference_dtype, optimize_for_inference, use_cpu_attention_kernel
+from .precision import DTYPES, PRECISIONS, autocast_for, dtype_of, precision_of
 
-__all__ = ["DTYPES", "PRECISIONS", "InferenceModel", "autocast_for", "compile_for_training", "configure_for_training",
-           "cpu_has_native_bf16", "destroy_process_group", "dtype_of", "has_cxx_compiler", "has_native_bf16",
-           "inference_dtype", "init_distributed", "optimize_for_inference", "precision_note", "precision_of",
-           "rank_and_world", "resolve_device", "resolve_precision", "training_attention", "use_cpu_attention_kernel"]
+__all__ = ["Calibration", "DTYPES", "PRECISIONS", "InferenceModel", "autocast_for", "calibrate",
+           "choose_inference_dtype", "compile_for_training", "destroy_process_group", "dtype_of", "fingerprint",
+           "has_cxx_compiler", "init_distributed", "optimize_for_inference", "precision_of", "rank_and_world",
+           "resolve_device", "use_cpu_attention_kernel"]

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import torch
 
-from .precision import cpu_has_native_bf16
-
 
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset[str]]:
@@ -50,9 +48,8 @@ def _hidden() -> frozenset[str]:
 
 @functools.cache
 def cpu_kind() -> str:
-    """e.g. ``"AMD EPYC, AVX2 (fp32)"``, ``"Intel Xeon, AVX-512 (fp32)"``, ``"Intel Xeon, AMX + AVX512-BF16"``.
-
-    "(fp32)" marks a CPU without native bf16: there fp32 is the fast path (``precision: auto`` picks it)."""
+    """e.g. ``"AMD EPYC, AVX2"``, ``"Intel Xeon, AVX-512"``, ``"Intel Xeon, AMX + AVX512-BF16"``: what the CPU
+    reports, which names it in tables; never what is fast on it (runtime/calibrate.py times that)."""
     name, flags = _cpuinfo()
     vendor = " ".join(name.replace("(R)", "").replace("(TM)", "").split()[:2]) or platform.processor() \
         or platform.machine()
@@ -60,10 +57,27 @@ def cpu_kind() -> str:
         units = _units(flags)
         seen = _units(flags - _hidden())
         if seen != units:  # run as a smaller CPU (a cpuid mask, benchmarks/as_cpu_kind.sh): say both
-            units = [f"{' + '.join(units)} run as {' + '.join(seen)}"]
+            units = [f"{' + '.join(seen)} (emulated: a cpuid mask on a {' + '.join(units)} CPU)"]
     else:  # no /proc/cpuinfo: PyTorch's own dispatch level says as much
         units = [torch.backends.cpu.get_cpu_capability()]
-    return f"{vendor}, {' + '.join(units)}" + ("" if cpu_has_native_bf16() else " (fp32)")
+    return f"{vendor}, {' + '.join(units)}"
+
+
+def reports_bf16_unit() -> bool:
+    """Whether the CPU reports a bf16 unit (AVX512-BF16 or AMX) to PyTorch's own cpuid check. It orders the
+    candidates the planner times (bf16 first), and decides nothing: the flag is on CPUs where bf16 is half as fast
+    as fp32 too."""
+    cpu = torch.cpu
+    return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def machine_name(device: torch.device) -> str:
+    """The machine a measurement was taken on: the CPU kind and cores, or the GPU's name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from .threads import cores_text
+
+    return f"{cpu_kind()} ({cores_text()})"
 
 
 def cpu_kind_short() -> str:

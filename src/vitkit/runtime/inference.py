@@ -1,7 +1,9 @@
 """``optimize_for_inference``: a model prepared for the fastest inference on its device (docs: Speed).
 
-- bf16 weights (not autocast) where the device computes in bf16 natively: no re-cast of every weight on every call
-  (ViT-B/16 batch 16 on an AMX CPU: 41 vs 32 img/s). A CPU without native bf16 keeps fp32 (precision.py).
+- The weights' dtype (fp32 or bf16 weights, not autocast: no re-cast of every weight on every call; ViT-B/16 batch
+  16 on an AMX CPU: 41 vs 32 img/s) is the faster of the two *timed here* on the model's own forward, cached per
+  machine (runtime/calibrate.py): bf16 was 3x faster than fp32 on one CPU with AVX512-BF16 and half as fast on
+  another with the same flag.
 - PyTorch's fused attention (SDPA): the faster inference path on every device measured.
 - Optionally torch.compile with Inductor's max-autotune and freezing, and on CPUs with AMX vitkit's own attention
   kernel (kernels/), 1.6x SDPA for the attention alone.
@@ -17,7 +19,8 @@ import torch.nn as nn
 
 from ..model.vit import ATTENTION_KERNELS, register_attention, set_attention
 from . import kernels
-from .precision import inference_dtype
+from .calibrate import Calibration, calibrate
+from .precision import DTYPES, precision_of
 
 
 def use_cpu_attention_kernel(model: nn.Module) -> int:
@@ -30,17 +33,74 @@ def use_cpu_attention_kernel(model: nn.Module) -> int:
     return set_attention(model, "cpu_kernel")
 
 
-def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.bfloat16,
-                           compile: bool = False, cpu_kernel: bool | None = None) -> "InferenceModel":
-    """A copy of ``model`` in eval mode for the fastest inference on its device: weights cast to ``dtype``
-    (bf16 by default; None keeps fp32; a CPU without native bf16 keeps fp32 too), fused attention, and optionally
-    torch.compile. Inputs may be fp32: they are cast on entry; logits come back in fp32.
+CALIBRATION_BATCH = 32
+
+
+def inference_candidates(device: torch.device) -> list[dict[str, str]]:
+    """The weights' dtypes worth timing on ``device``; CPU flags only order them (see training/plan.py)."""
+    if device.type == "cuda":
+        return [{"dtype": "bf16"}, {"dtype": "fp32"}] if torch.cuda.is_bf16_supported() else \
+            [{"dtype": "fp16"}, {"dtype": "fp32"}]
+    if device.type == "cpu":
+        from .cpu import reports_bf16_unit
+
+        return [{"dtype": "bf16"}, {"dtype": "fp32"}] if reports_bf16_unit() else [{"dtype": "fp32"}, {"dtype": "bf16"}]
+    return [{"dtype": "fp32"}]
+
+
+def choose_inference_dtype(model: nn.Module, batch_size: int = 8, refresh: bool = False
+                           ) -> tuple[torch.dtype | None, Calibration]:
+    """The faster weights' dtype for ``model``'s forward on its device at ``batch_size`` (None: fp32), timed here
+    (cached per machine and model shape) and the timings."""
+    device = next(model.parameters()).device
+    c = model.config
+    x = torch.randn(batch_size, c.in_chans, *_hw(c.img_size), device=device)
+
+    def make(s: dict[str, str]) -> Callable[[], object]:
+        m = copy.deepcopy(model).eval().to(DTYPES[s["dtype"]])
+        set_attention(m, "sdpa")
+        xs = x.to(DTYPES[s["dtype"]])
+
+        def forward() -> object:
+            with torch.inference_mode():
+                out = m(xs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return out
+
+        return forward
+
+    workload = {"kind": "inference", "model": c.to_dict(), "batch": batch_size, "device": device.type,
+                "threads": torch.get_num_threads()}
+    cal = calibrate(f"inference forward (batch {batch_size})", device, workload, inference_candidates(device), make,
+                    refresh=refresh, rounds=3, budget_s=3.0)
+    best = cal.best.settings["dtype"]
+    return (None if best == "fp32" else DTYPES[best]), cal
+
+
+def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[return-value]
+
+
+def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None | str = "auto",
+                           compile: bool = False, cpu_kernel: bool | None = None,
+                           batch_size: int = 8) -> "InferenceModel":
+    """A copy of ``model`` in eval mode for the fastest inference on its device: weights in ``dtype`` (``"auto"``,
+    the default: the faster of fp32 and bf16 timed here at ``batch_size``, cached; None: fp32; or a torch dtype),
+    fused attention, and optionally torch.compile. Inputs may be fp32: they are cast on entry; logits come back in
+    fp32. ``.calibration`` holds the timings when the dtype was chosen here.
 
     ``cpu_kernel``: run attention with vitkit's AMX kernel where it applies (bf16 on a CPU with AMX, a C++ compiler
     at hand); None (default) uses it when compiling, the mode that already pays a start-up cost (building the
     kernel takes ~22 s once per machine)."""
     device = next(model.parameters()).device
-    dtype = inference_dtype(dtype, device)
+    cal = None
+    if isinstance(dtype, str):
+        if dtype != "auto":
+            raise ValueError(f"dtype must be 'auto', None or a torch dtype, got {dtype!r}")
+        # timed at no more than CALIBRATION_BATCH images: an evaluation's batch of 256 would take minutes in fp32 on a
+        # ViT-B/16, and the per-image cost is flat past a few dozen images on a CPU
+        dtype, cal = choose_inference_dtype(model, min(batch_size, CALIBRATION_BATCH))
     m = copy.deepcopy(model).eval()
     for p in m.parameters():
         p.requires_grad_(False)
@@ -50,11 +110,11 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = torch.b
     if (compile if cpu_kernel is None else cpu_kernel) and dtype == torch.bfloat16 and device.type == "cpu":
         use_cpu_attention_kernel(m)
     if not compile:
-        return InferenceModel(m, dtype)
+        return InferenceModel(m, dtype, calibration=cal)
     # max-autotune lets Inductor choose its own C++ GEMMs (AMX micro-kernels with bias/GELU fused in) where they
     # beat oneDNN, and freezing folds the weights in as constants: ViT-B/16 batch 16 bf16, 43.8 vs 40.9 img/s eager;
     # without either, no gain. Compiling takes ~12-25 s per input shape.
-    return InferenceModel(m, dtype, compiled=torch.compile(m, mode="max-autotune"))
+    return InferenceModel(m, dtype, compiled=torch.compile(m, mode="max-autotune"), calibration=cal)
 
 
 class InferenceModel(nn.Module):
@@ -62,14 +122,19 @@ class InferenceModel(nn.Module):
     compiled, its compiled forward. Casts inputs to the weights' dtype and logits back to fp32, without autograd.
     ``forward_attention`` always runs the uncompiled model (the exact path records the attention maps)."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None, compiled: Callable | None = None) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, compiled: Callable | None = None,
+                 calibration: Calibration | None = None) -> None:
         super().__init__()
-        self.model, self.dtype = model, dtype
+        self.model, self.dtype, self.calibration = model, dtype, calibration
         self._compiled = compiled  # not a submodule: state_dict and modules() see the model once
 
     @property
     def config(self):  # type: ignore[no-untyped-def]
         return self.model.config
+
+    @property
+    def precision(self) -> str:
+        return precision_of(self.dtype)
 
     def _cast(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.dtype) if self.dtype is not None else x

@@ -32,22 +32,29 @@ def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, ato
 
     ``int8``: the fp32 export is checked as above, then quantized (``quantize_int8``) into ``path``; the returned
     number is then the int8 file's relative logit error to PyTorch (``check_int8``)."""
-    if int8:
-        with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:
+    # Everything is written and checked under a temporary name in the same folder, then renamed: an export that is
+    # interrupted or fails its check never leaves a file under ``path``.
+    path = Path(path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        part = Path(tmp) / path.name
+        if int8:
             fp32 = Path(tmp) / "fp32.onnx"
             export_onnx(model, fp32, opset, atol)
-            quantize_int8(fp32, path)
-        return check_int8(model, path)
-    m = copy.deepcopy(model).float().eval()
-    set_attention(m, "exact")  # plain MatMul/Softmax: every ONNX runtime has them
-    c = m.config
-    x = torch.randn(2, c.in_chans, *to_2tuple(c.img_size))
-    path = Path(path)
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    torch.onnx.export(m, (x,), str(path), input_names=["pixel_values"], output_names=["logits"], opset_version=opset,
-                      dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False, verbose=False)
-    write_metadata(path, {"vitkit.config": m.config.to_dict(), "vitkit.preprocessing": preprocessing_of(model)})
-    return check_onnx(m, path, atol)
+            quantize_int8(fp32, part)
+            diff = check_int8(model, part)
+        else:
+            m = copy.deepcopy(model).float().eval()
+            set_attention(m, "exact")  # plain MatMul/Softmax: every ONNX runtime has them
+            c = m.config
+            x = torch.randn(2, c.in_chans, *to_2tuple(c.img_size))
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            torch.onnx.export(m, (x,), str(part), input_names=["pixel_values"], output_names=["logits"],
+                              opset_version=opset, dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False,
+                              verbose=False)
+            write_metadata(part, {"vitkit.config": m.config.to_dict(), "vitkit.preprocessing": preprocessing_of(model)})
+            diff = check_onnx(m, part, atol)
+        os.replace(part, path)
+    return diff
 
 
 def write_metadata(path: Path, values: dict[str, object]) -> None:

@@ -14,7 +14,7 @@ from ..model.config import to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer
-from ..runtime.compile import compile_for_training, configure_for_training, should_compile
+from ..runtime.compile import compile_for_training
 from .config import TrainConfig
 
 
@@ -52,15 +52,16 @@ def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSpli
     return {"mean": mean, "std": std, "class_names": data.classes}
 
 
-def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, precision: str, world: int,
+def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
                        log: Callable[[str], None] = print) -> nn.Module:
-    """``model`` as the training step calls it: the attention path for ``precision`` on ``device``, wrapped in DDP
-    when there are several processes, compiled as ``cfg.compile`` says (``auto``: where it pays, runtime/compile.py).
-    Its parameters are ``model``'s own."""
-    compile_it, why = should_compile(cfg.compile, device, precision, cfg.time_limit)
-    if cfg.compile == "auto":
-        log(why)
-    configure_for_training(model, device, precision, compiled=compile_it)
+    """``model`` as the training step calls it: the attention path and memory layout the config names (decided by
+    the planner when ``auto``), wrapped in DDP when there are several processes, compiled if ``cfg.compile``. Its
+    parameters are ``model``'s own."""
+    from .plan import apply_layout
+
+    if cfg.needs_plan:
+        raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
+    apply_layout(model, cfg.attention, cfg.channels_last)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return compile_for_training(model, device, log) if compile_it else model
+    return compile_for_training(model, device, log) if cfg.compile else model

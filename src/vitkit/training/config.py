@@ -13,16 +13,16 @@ import yaml
 from ..data.datasets import DATASETS
 from ..model.config import ViTConfig
 from ..model.fields import check_keys, check_range, coerce_fields
-from ..runtime.device import resolve_device
-from ..runtime.precision import PRECISIONS, resolve_precision
+from ..runtime.precision import PRECISIONS
 from .evaluate import EVAL_BATCH_SIZE
 
 
-# What a few_epochs section may change: what the trainer builds once the data is loaded and a step has been timed.
-FEW_EPOCHS_KEYS = frozenset({
+# What a tier may change: what is built once the data is loaded and the recipe's step has been timed.
+TIER_KEYS = frozenset({
     "model_args", "opt", "muon_stem", "muon_embed", "lr", "min_lr", "momentum", "weight_decay", "warmup_epochs",
     "clip_grad", "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema",
     "model_ema_decay", "eval_every"})
+ATTENTIONS = ("auto", "sdpa", "exact")
 
 
 @dataclass
@@ -64,8 +64,13 @@ class TrainConfig:
     model_ema: bool = False
     model_ema_decay: float = 0.999
     # machinery
-    precision: str = "fp32"  # fp32 | bf16 | fp16 | auto (bf16 where the device has it natively, else fp32)
-    compile: bool | str = False  # true | false | auto (compile where it pays: runtime/compile.py says where)
+    # fp32 | bf16 | fp16 | auto; compile true | false | auto; attention sdpa | exact | auto; channels_last (the conv
+    # weights' memory layout) true | false | auto. "auto" is decided by timing the run's own step here, by the planner
+    # (training/plan.py), which writes the concrete value into the run's config.yaml.
+    precision: str = "fp32"
+    compile: bool | str = False
+    attention: str = "sdpa"
+    channels_last: bool | str = False
     device: str = "auto"
     threads: int | None = None  # CPU intra-op threads; None = measured at the start of the run (runtime/threads.py)
     seed: int = 0
@@ -74,9 +79,9 @@ class TrainConfig:
     eval_every: int = 1  # epochs between evaluations; the last epoch is always evaluated
     output: str | None = None
     resume: str | None = None  # a run folder, or "auto" (the --output folder if it has last/)
-    # With a --time-limit: settings laid over these when the budget buys fewer than `below` epochs of the configured
-    # model, timed at the start of the run (a slower CPU gets a cheaper model): {below: 4, lr: 0.003, ...}
-    few_epochs: dict[str, Any] | None = None
+    # With a --time-limit: settings laid over these by how many epochs of this model the budget buys, timed at the
+    # start of the run: [{below: 5, lr: 0.003, ...}, {below: 15, ...}] (the smallest `below` above the epochs wins).
+    tiers: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, "train config")  # YAML's `lr: 1e-3` is a string to PyYAML: taken as the number meant
@@ -88,8 +93,11 @@ class TrainConfig:
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
-        if self.compile not in (True, False, "auto"):
-            raise ValueError(f"compile must be true, false or auto, got {self.compile!r}")
+        for k in ("compile", "channels_last"):
+            if getattr(self, k) not in (True, False, "auto"):
+                raise ValueError(f"{k} must be true, false or auto, got {getattr(self, k)!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
         for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
@@ -106,31 +114,22 @@ class TrainConfig:
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
                              f"{self.time_limit:g}")
-        if self.few_epochs is not None:
-            below = self.few_epochs.get("below")
-            bad = sorted(set(self.few_epochs) - FEW_EPOCHS_KEYS - {"below"}, key=str)
-            if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below < math.inf:
-                raise ValueError(f"few_epochs needs below: N (a number of epochs, more than 0), got {below!r}")
-            if not isinstance(self.few_epochs.get("model_args", {}), dict):
-                raise ValueError(f"few_epochs: model_args must be a mapping, got {self.few_epochs['model_args']!r}")
-            if bad:
-                raise ValueError(f"few_epochs cannot set {bad}: it may set {sorted(FEW_EPOCHS_KEYS)} (what is "
-                                 "built after the data is loaded and the step timed)")
+        for i, tier in enumerate(self.tiers or []):
+            check_tier(tier, i)
             try:  # its values checked now, not when the run has started
-                self.for_few_epochs()
+                self.with_tier(tier)
             except ValueError as e:
-                raise type(e)(f"few_epochs: {e}") from None
+                raise type(e)(f"tiers[{i}]: {e}") from None
 
     @property
-    def few_epochs_settings(self) -> dict[str, Any]:
-        """The settings of ``few_epochs`` (all but its ``below``)."""
-        return {k: v for k, v in (self.few_epochs or {}).items() if k != "below"}
+    def needs_plan(self) -> bool:
+        """Whether a setting is left to the planner (``auto``): precision, compile, attention, memory format."""
+        return "auto" in (self.precision, self.compile, self.attention, self.channels_last)
 
-    def for_few_epochs(self) -> "TrainConfig":
-        """This config with its ``few_epochs`` settings laid over it, and no ``few_epochs``: what a run trains when
-        its budget buys fewer epochs than ``few_epochs["below"]``."""
-        d = lay_over({**self.to_dict(), "few_epochs": None}, self.few_epochs_settings)
-        return TrainConfig.from_dict(d, source="few_epochs")
+    def with_tier(self, tier: dict[str, Any]) -> "TrainConfig":
+        """This config with ``tier``'s settings laid over it, and no tiers: what a run trains in that tier."""
+        settings = {k: v for k, v in tier.items() if k != "below"}
+        return TrainConfig.from_dict(lay_over({**self.to_dict(), "tiers": None}, settings), source="tier")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,49 +152,58 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     d = safe_yaml(p)
     if not isinstance(d, dict):
         raise ValueError(f"{p}: expected a mapping of TrainConfig keys, got {type(d).__name__}")
+    if "model_args" in d and not isinstance(d["model_args"], dict):
+        raise ValueError(f"{p}: model_args must be a mapping of ViTConfig keys ({{depth: 6, ...}}), got "
+                         f"{d['model_args']!r}")
+    if d.get("tiers") is not None and not isinstance(d["tiers"], list):
+        raise ValueError(f"{p}: tiers must be a list of {{below: EPOCHS, key: value, ...}}, got {d['tiers']!r}")
     return d
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def safe_yaml(path: Path) -> Any:
-    """A YAML file's plain values (no ``!!python`` tags: safe_load refuses them), or an error naming the file."""
+    """A YAML file's plain values (no ``!!python`` tags: the safe loader refuses them; no key given twice), or an
+    error naming the file."""
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not a plain YAML file of keys and values ({' '.join(str(e).split())})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot be read ({e})") from None
 
 
-def recipe(name: str, time_limit: float | None = None, cpu_fp32: bool = False) -> dict[str, Any]:
-    """The shipped recipe ``configs/<name>.yaml`` (the per-dataset defaults), or {} if there is none.
-
-    A recipe may hold settings for short budgets under ``budgets: {MINUTES: {key: value, ...}}``: with
-    ``time_limit`` <= MINUTES they replace the recipe's own (the smallest such MINUTES wins; ``model_args`` merge
-    key by key), since what trains best in 5 minutes is not what trains best in 30. A ``cpu_fp32:`` section, in
-    the recipe or in a budget, is laid over it when training runs in fp32 on a CPU (``cpu_fp32``), where a step
-    costs 2-4x what it costs with native bf16, so fewer epochs fit the budget.
-    """
-    return for_budget(read_recipe(name), time_limit, cpu_fp32)
+def check_tier(tier: Any, i: int) -> None:
+    """A tier is ``{below: EPOCHS, key: value, ...}`` with keys from ``TIER_KEYS``."""
+    if not isinstance(tier, dict):
+        raise ValueError(f"tiers[{i}] must be a mapping {{below: EPOCHS, key: value, ...}}, got {tier!r}")
+    below = tier.get("below")
+    if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below < math.inf:
+        raise ValueError(f"tiers[{i}] needs below: N (a number of epochs, more than 0), got {below!r}")
+    if not isinstance(tier.get("model_args", {}), dict):
+        raise ValueError(f"tiers[{i}]: model_args must be a mapping, got {tier['model_args']!r}")
+    bad = sorted(set(tier) - TIER_KEYS - {"below"}, key=str)
+    if bad:
+        raise ValueError(f"tiers[{i}] cannot set {bad}: a tier may set {sorted(TIER_KEYS)} (what is built after the "
+                         "data is loaded and the step timed)")
 
 
 def read_recipe(name: str) -> dict[str, Any]:
-    """``configs/<name>.yaml`` as written, ``budgets`` section and all ({} if there is no such recipe)."""
+    """``configs/<name>.yaml`` as written, tiers and all ({} if there is no such recipe)."""
     f = resources.files("vitkit") / "configs" / f"{name}.yaml"
     return yaml.safe_load(f.read_text()) or {} if f.is_file() else {}
-
-
-def for_budget(d: dict[str, Any], time_limit: float | None, cpu_fp32: bool = False) -> dict[str, Any]:
-    """``d`` without its ``budgets`` and ``cpu_fp32`` sections; laid over it, in this order: its ``cpu_fp32``
-    section (when ``cpu_fp32``), the budget's settings for ``time_limit`` minutes, that budget's ``cpu_fp32``
-    section (when ``cpu_fp32``)."""
-    d = dict(d)
-    budgets, fp32 = d.pop("budgets", None) or {}, d.pop("cpu_fp32", None) or {}
-    fits = sorted((float(m), m) for m in budgets if time_limit is not None and time_limit <= float(m))
-    short = dict(budgets[fits[0][1]]) if fits else {}
-    short_fp32 = short.pop("cpu_fp32", None) or {}
-    for layer in (fp32, short, short_fp32) if cpu_fp32 else (short,):
-        d = lay_over(d, layer)
-    return d
 
 
 def describe_changes(before: dict[str, Any], after: dict[str, Any], before_model: dict[str, Any] | None = None
@@ -206,12 +214,6 @@ def describe_changes(before: dict[str, Any], after: dict[str, Any], before_model
     pairs = [(k, before.get(k), v) for k, v in after.items() if k != "model_args"]
     pairs += [(k, model.get(k), v) for k, v in after.get("model_args", {}).items()]
     return [f"{k} {a} -> {b}" for k, a, b in pairs if a != b]
-
-
-def trains_in_fp32_on_cpu(precision: str, device: str) -> bool:
-    """Whether a run with these ``precision`` and ``device`` settings (``auto`` allowed) computes in fp32 on a CPU."""
-    dev = resolve_device(device)
-    return dev.type == "cpu" and resolve_precision(precision, dev) == "fp32"
 
 
 def list_recipes() -> list[str]:

@@ -6,7 +6,6 @@ from collections import defaultdict
 
 import torch
 
-from ..runtime.precision import has_native_bf16
 from .config import TrainConfig
 
 
@@ -44,7 +43,8 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
     if cfg.opt == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False, fused=fused)
     if cfg.opt == "muon":
-        return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem, embed=cfg.muon_embed)
+        ns = torch.bfloat16 if cfg.precision == "bf16" else torch.float32  # the run's own precision (planned)
+        return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem, embed=cfg.muon_embed, ns_dtype=ns)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), fused=fused)
 
 
@@ -59,7 +59,7 @@ class MuonAdamW:
     ``state_dict``."""
 
     def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool,
-                 stem: bool = False, embed: bool = False) -> None:
+                 stem: bool = False, embed: bool = False, ns_dtype: torch.dtype = torch.float32) -> None:
         hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2
                   or stem and name.startswith("patch_embed.backbone.") and p.ndim == 4
                   or embed and name == "patch_embed.proj.weight"}
@@ -72,7 +72,7 @@ class MuonAdamW:
         if not muon_groups:
             raise ValueError("opt muon: the model has no trainable weight matrices in its transformer blocks "
                              "(depth 0, or a frozen body); use --opt adamw")
-        self.muon = Muon(muon_groups, lr=lr)
+        self.muon = Muon(muon_groups, lr=lr, ns_dtype=ns_dtype)
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=(0.9, 0.999), fused=fused) if adamw_groups \
             else None
         self.optimizers = [o for o in (self.muon, self.adamw) if o is not None]
@@ -126,16 +126,15 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7,
 class Muon(torch.optim.Optimizer):
     """Muon as ``torch.optim.Muon(..., adjust_lr_fn="match_rms_adamw")`` computes it: momentum (Nesterov) on the
     gradient, the update orthogonalised by five Newton-Schulz iterations, scaled by 0.2 sqrt(max(m, n)) to AdamW's
-    update size, decoupled weight decay. Two differences, both for speed: the iterations run in bf16 only where the
-    device multiplies bf16 natively, else in fp32 (torch.optim.Muon always uses bf16, which a CPU without
-    AVX512-BF16/AMX emulates: its step for the 5-minute Fashion-MNIST model took 38 ms with AVX-512 and 397 ms with
-    AVX2 only, against AdamW's 0.8 ms; results/muon-step.csv), and matrices of one shape go through the iterations
+    update size, decoupled weight decay. Two differences, both for speed: the iterations run in ``ns_dtype``, the
+    run's own precision (bf16 only where the planner timed bf16 faster; torch.optim.Muon always uses bf16, which a CPU
+    without native bf16 emulates, many times slower: results/muon-step.csv), and matrices of one shape go through the iterations
     together, as batched matmuls. A convolution's filters (out, in, k, k) are updated as the out x (in k k) matrix.
     The state (``momentum_buffer``) is torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, eps: float = 1e-7,
-                 ns_dtype: torch.dtype | None = None) -> None:
+                 ns_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                                   "nesterov": nesterov, "ns_steps": ns_steps, "eps": eps})
         for g in self.param_groups:
@@ -147,7 +146,7 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):  # type: ignore[no-untyped-def]
         for g in self.param_groups:
             lr, momentum = g["lr"], g["momentum"]
-            dtype = self.ns_dtype or (torch.bfloat16 if has_native_bf16(g["params"][0].device) else torch.float32)
+            dtype = self.ns_dtype
             by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
             for p in g["params"]:
                 if p.grad is None:

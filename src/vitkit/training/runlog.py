@@ -17,12 +17,15 @@ class RunLog:
         self.log = log
         self.writer: Any = None
 
-    def open(self, config: dict[str, Any]) -> None:
-        """Create the folder, write the resolved config and start the TensorBoard writer."""
+    def open(self, config: dict[str, Any], plan: Any = None) -> None:
+        """Create the folder, write the resolved config and the plan (``plan.json``: how each ``auto`` was decided)
+        and start the TensorBoard writer. A resumed run keeps the plan its first part made."""
         if self.out is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        if plan is not None and not (self.out / "plan.json").exists():
+            plan.save(self.out)
         try:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard (≈1 s): only for a run folder
 

@@ -1,17 +1,16 @@
 """The training loop: data in memory -> batch augmentation -> model -> checkpoints and metrics.
 
-The parts are built by ``build.py``, the ``--time-limit`` plan is ``budget.py``'s and the run folder's record
-``runlog.py``'s: what is left here is the loop itself, its checkpoints and its resumption.
+The settings are decided by ``plan.py`` (every ``auto`` timed there), the parts are built by ``build.py``, the
+``--time-limit`` schedule is ``budget.py``'s and the run folder's record ``runlog.py``'s: what is left here is the
+loop itself, its checkpoints and its resumption.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -23,20 +22,17 @@ from ..data.datasets import DataSplits
 from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
-from ..runtime.compile import configure_for_training
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, rank_and_world
-from ..runtime.precision import autocast_for, precision_note, resolve_precision
-from ..runtime.threads import choose_threads, threads_for_ranks, timed
+from ..runtime.precision import autocast_for
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
 from .checkpoint import load_train_state, recover_run, save_checkpoint
-from .config import TrainConfig, describe_changes
+from .config import TrainConfig
 from .evaluate import evaluate
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
+from .plan import Plan, make_plan
 from .runlog import RunLog
-
-__all__ = ["RunResult", "Trainer", "TrainingDiverged", "build_model", "resolve_device"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -58,22 +54,20 @@ class Trainer:
     """``Trainer(cfg).fit()`` runs a whole training; ``request_stop()`` (e.g. from a signal) ends it cleanly."""
 
     def __init__(self, cfg: TrainConfig, data: DataSplits | None = None, log: Callable[[str], None] = print,
-                 start_time: float | None = None, progress: bool = True) -> None:
-        self.cfg, self.log = cfg, log
+                 start_time: float | None = None, progress: bool = True, plan_: Plan | None = None) -> None:
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
+        self.data = data or build_data(cfg)
+        if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py)
+            cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time)
+        self.cfg, self.log, self.plan = cfg, log, plan_
         self.rank, self.world = rank_and_world()
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
         self.device = resolve_device(cfg.device, self.rank % max(torch.cuda.device_count(), 1))
-        self.precision = resolve_precision(cfg.precision, self.device)  # "auto" -> bf16 or fp32 for this device
+        self.precision = cfg.precision
         torch.manual_seed(cfg.seed + self.rank)
-        self.data = (data or build_data(cfg)).with_train_fraction(cfg.train_fraction)
+        self.data = self.data.with_train_fraction(cfg.train_fraction)
         self._build()
-        self.threads_note = self._choose_threads()  # before compiling: Inductor's kernels keep the count they saw
-        self.budget_note = self._fit_to_budget()
-        if self.cfg is not cfg:  # few_epochs built a smaller model, whose step may want fewer threads
-            self.threads_note = self._choose_threads()
-        cfg = self.cfg
-        self.train_model = model_for_training(self.model, cfg, self.device, self.precision, self.world, log)
+        self.train_model = model_for_training(self.model, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         self.steps_per_epoch = max(1, len(self.sampler) // cfg.batch_size // cfg.grad_accum)
         self.total_steps = cfg.epochs * self.steps_per_epoch
@@ -105,33 +99,6 @@ class Trainer:
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-
-    def _fit_to_budget(self) -> str | None:
-        """``few_epochs``: time the configured model's step here (forward and backward, eager, at the chosen threads);
-        if the --time-limit buys fewer epochs of it than ``few_epochs["below"]``, rebuild with the few_epochs settings
-        (rank 0 decides for all). Returns the sentence for the run log."""
-        cfg = self.cfg
-        if not cfg.few_epochs or not cfg.time_limit or cfg.resume:
-            return None
-        with self._probe_step() as (step, n):
-            step()
-            sec = min(timed(step) for _ in range(3))
-        epochs = cfg.time_limit * 60 * n * self.world / sec / len(self.data.train)
-        below = cfg.few_epochs["below"]
-        (fewer,) = broadcast_ints([int(epochs < below)], self.device)
-        bought = (f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model here (forward and "
-                  f"backward of {n} images timed at {sec * 1e3:.0f} ms, eager)")
-        if not fewer:
-            return f"{bought}: the few_epochs settings (under {below:g} epochs) are not needed"
-        new = cfg.for_few_epochs()
-        changed = describe_changes(cfg.to_dict(), cfg.few_epochs_settings, self.model.config.to_dict())
-        self.cfg = new
-        torch.manual_seed(new.seed + self.rank)
-        try:  # the model's values (depth, ...) are first checked here, where the model is built
-            self._build()
-        except ValueError as e:
-            raise type(e)(f"few_epochs: {e}") from None
-        return f"{bought}, under {below:g}: the few_epochs settings instead: {', '.join(changed)}"
 
     # ------------------------------------------------------------------------------------------ state
     def _train_state(self) -> dict[str, Any]:
@@ -192,41 +159,6 @@ class Trainer:
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
-
-    @contextlib.contextmanager
-    def _probe_step(self) -> Iterator[tuple[Callable[[], None], int]]:
-        """A forward and backward of the model on a real batch (and the batch's size), for timing. The probe leaves
-        no trace: random state and buffers (BatchNorm's running statistics) restored, gradients cleared."""
-        n = min(self.cfg.batch_size, len(self.data.train))
-        x, y = next(batches(self.data.train, list(range(n)), n, False, self.device))
-        x, target = self.augment(x, y, train=False)
-        configure_for_training(self.model, self.device, self.precision)
-        self.model.train()
-
-        def step() -> None:
-            with autocast_for(self.device, self.precision):
-                loss = self.criterion(self.model(x), target)
-            loss.backward()
-
-        rng, buffers = torch.get_rng_state(), [(b, b.clone()) for b in self.model.buffers()]
-        try:
-            yield step, n
-        finally:
-            torch.set_rng_state(rng)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
-            self.optimizer.zero_grad(set_to_none=True)
-
-    def _choose_threads(self) -> str:
-        """The intra-op thread count, from timing the probe step (runtime/threads.py)."""
-        cfg = self.cfg
-        if self.world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
-            n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", self.world)))
-            torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running
-            return f"threads: {n} per process ({self.world} processes)"
-        with self._probe_step() as (step, _):
-            return choose_threads(step, cfg.threads, "training step", self.device)[1]
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
@@ -308,22 +240,15 @@ class Trainer:
         self.log(self.data.describe() + (f" (--train-fraction {cfg.train_fraction:g}: a class-balanced share, the same "
                                          "images for every model and seed)" if cfg.train_fraction < 1 else ""))
         what = f"--init {cfg.init}" if cfg.init else cfg.model
-        self.log(f"model {what}: {self.model.num_params:,} parameters on {self.device} in {self.precision}"
-                 f"{' (auto)' if cfg.precision == 'auto' else ''}; {self.steps_per_epoch} steps/epoch, "
-                 f"global batch {cfg.batch_size * self.world * cfg.grad_accum}")
-        self.log(self.threads_note)
-        if self.budget_note:
-            self.log(self.budget_note)
-        note = precision_note(self.precision, self.device)
-        if note:
-            self.log(note)
+        self.log(f"model {what}: {self.model.num_params:,} parameters on {self.device} in {self.precision}; "
+                 f"{self.steps_per_epoch} steps/epoch, global batch {cfg.batch_size * self.world * cfg.grad_accum}")
         for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
             if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
 
     def fit(self) -> RunResult:
         cfg = self.cfg
-        self.runlog.open(cfg.to_dict())
+        self.runlog.open(cfg.to_dict(), self.plan)
         if self.is_main:
             self._announce()
         while self.step < self.total_steps and not self.stop_requested:

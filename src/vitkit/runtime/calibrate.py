@@ -1,0 +1,219 @@
+"""Calibration: the fast way to run a workload *here*, found by timing it, not by reading CPU flags.
+
+A CPU's flags say what it can decode, not what is fast: bf16 was 3x faster than fp32 on one 2-core AMD EPYC with
+AVX512-BF16, half as fast on an Intel Xeon with the same flag and no AMX, and emulated (5x slower) on an AVX-512
+Xeon without it (docs: Speed). So every ``auto`` (training precision, attention path, memory format, compile, the
+inference dtype) is decided by timing the candidates on the run's own workload, round-robin after a warm-up, and a
+candidate that is clearly slower is dropped after one timed call (emulated bf16 is never timed for minutes).
+
+Results are cached per machine fingerprint (CPU model name and flags, usable cores, torch version, device) and
+workload (model shape, batch, ...), in ``$VITKIT_CACHE_DIR`` or ``~/.cache/vitkit``: a second run pays nothing.
+``vitkit calibrate`` prints the table and refreshes the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+CUT = 1.5  # a candidate this much slower than the best after one timed call is dropped
+ROUNDS = 5  # timed calls per candidate at most (round-robin)
+BUDGET_S = 6.0  # ...or fewer, once this many seconds of timed calls have passed (two rounds at least)
+CACHE_VERSION = 1
+
+
+@dataclass
+class Timing:
+    """One candidate: its settings, the median seconds of its timed calls (None: not timed), and what happened."""
+
+    settings: dict[str, Any]
+    seconds: float | None = None
+    calls: int = 0
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return " ".join(str(v) if not isinstance(v, bool) else (k if v else f"no-{k}")
+                        for k, v in self.settings.items())
+
+
+@dataclass
+class Calibration:
+    """The timings of one workload's candidates and the fastest of them."""
+
+    what: str
+    timings: list[Timing]
+    cached: bool = False
+    seconds_spent: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. a compile time
+
+    @property
+    def best(self) -> Timing:
+        timed = [t for t in self.timings if t.seconds is not None]
+        if not timed:
+            raise RuntimeError(f"calibration of {self.what}: no candidate could be timed")
+        return min(timed, key=lambda t: t.seconds)  # type: ignore[arg-type, return-value]
+
+    def seconds_of(self, **settings: Any) -> float | None:
+        return next((t.seconds for t in self.timings if t.settings == settings), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"what": self.what, "timings": [asdict(t) for t in self.timings], "extra": self.extra,
+                "seconds_spent": round(self.seconds_spent, 3)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], cached: bool = True) -> "Calibration":
+        return cls(d["what"], [Timing(**t) for t in d["timings"]], cached, d.get("seconds_spent", 0.0),
+                   d.get("extra", {}))
+
+    def table(self) -> str:
+        """The candidates, fastest first: ``  bf16 sdpa      41.2 ms  1.00x  <- chosen``."""
+        best = self.best
+        rows = sorted(self.timings, key=lambda t: (t.seconds is None, t.seconds or 0.0))
+        width = max(len(t.name) for t in rows)
+        lines = []
+        for t in rows:
+            if t.seconds is None:
+                lines.append(f"  {t.name:<{width}}  {'-':>9}         {t.note}")
+                continue
+            mark = "  <- chosen" if t is best else ""
+            lines.append(f"  {t.name:<{width}}  {t.seconds * 1e3:7.1f} ms  {t.seconds / best.seconds:4.2f}x"
+                         f"{'  ' + t.note if t.note else ''}{mark}")
+        return "\n".join(lines)
+
+
+def time_candidates(what: str, candidates: list[dict[str, Any]], make: Callable[[dict[str, Any]], Callable[[], Any]],
+                    rounds: int = ROUNDS, budget_s: float = BUDGET_S, cut: float = CUT,
+                    clock: Callable[[], float] = time.perf_counter) -> Calibration:
+    """Time ``make(settings)()`` for each candidate: one warm-up call each, then round-robin timed calls (so drift
+    falls on all alike), at most ``rounds`` each or until ``budget_s`` has passed. After the first timed round, and
+    already at warm-up when it is that far behind, a candidate ``cut`` times slower than the best is dropped.
+    ``make`` may raise ValueError/RuntimeError for a candidate that cannot run here (noted, not timed)."""
+    start = clock()
+    timings = [Timing(dict(c)) for c in candidates]
+    steps: dict[int, Callable[[], Any]] = {}
+    warm: dict[int, float] = {}
+    for i, t in enumerate(timings):
+        try:
+            steps[i] = make(t.settings)
+            t0 = clock()
+            steps[i]()
+            warm[i] = clock() - t0
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            steps.pop(i, None)
+            t.note = f"cannot run here: {' '.join(str(e).split())[:80]}"
+            continue
+        fastest_warm = min(warm.values())
+        if warm[i] > 4 * cut * fastest_warm and warm[i] > 0.5:  # e.g. emulated bf16: not worth a timed call
+            steps.pop(i)
+            t.note = f"cut at warm-up ({warm[i]:.2f} s vs {fastest_warm:.2f} s)"
+    samples: dict[int, list[float]] = {i: [] for i in steps}
+    t_timed = clock()
+    for r in range(rounds):
+        for i in list(steps):
+            t0 = clock()
+            steps[i]()
+            samples[i].append(clock() - t0)
+        best = min(min(s) for i, s in samples.items() if i in steps)
+        for i in list(steps):
+            if min(samples[i]) > cut * best:
+                steps.pop(i)
+                timings[i].note = f"cut after {len(samples[i])} call{'s' if len(samples[i]) > 1 else ''}"
+        if r >= 1 and clock() - t_timed > budget_s:
+            break
+    for i, s in samples.items():
+        timings[i].seconds, timings[i].calls = statistics.median(s), len(s)
+    return Calibration(what, timings, seconds_spent=clock() - start)
+
+
+# ------------------------------------------------------------------------------------------ the machine and cache
+def _cpu_name_and_flags() -> tuple[str, str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine(), ""
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("flags")), "")
+    return name or platform.machine(), flags
+
+
+def fingerprint(device: torch.device) -> dict[str, Any]:
+    """What a calibration depends on besides the workload: the CPU (model name, a digest of its flags, the cores this
+    process may use), the torch version, and the accelerator's name when the device is one."""
+    from .threads import usable_cores
+
+    name, flags = _cpu_name_and_flags()
+    fp = {"cpu": name, "flags": hashlib.sha1(flags.encode()).hexdigest()[:12], "cores": usable_cores(),
+          "torch": torch.__version__, "device": device.type,
+          "capability": torch.backends.cpu.get_cpu_capability()}  # changes under a cpuid mask (as_cpu_kind.sh)
+    if device.type == "cuda":
+        fp["gpu"] = torch.cuda.get_device_name(device)
+    return fp
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("VITKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vitkit")
+    return Path(base)
+
+
+def cache_file() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def cache_key(device: torch.device, workload: dict[str, Any]) -> str:
+    blob = json.dumps({"v": CACHE_VERSION, "machine": fingerprint(device), "workload": workload}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        d = json.loads(cache_file().read_text())
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: calibrate again (the cache is only ever a shortcut)
+
+
+def cached(device: torch.device, workload: dict[str, Any]) -> Calibration | None:
+    entry = _read_cache().get(cache_key(device, workload))
+    try:
+        return Calibration.from_dict(entry) if entry else None
+    except (KeyError, TypeError):
+        return None
+
+
+def store(device: torch.device, workload: dict[str, Any], cal: Calibration) -> None:
+    """Add ``cal`` to the cache (written to a temporary file, then renamed: a reader never sees half of it). A cache
+    that cannot be written costs the next run a calibration, nothing else."""
+    d = _read_cache()
+    d[cache_key(device, workload)] = {**cal.to_dict(), "machine": fingerprint(device), "workload": workload,
+                                      "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path = cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(d, indent=1, default=str))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def calibrate(what: str, device: torch.device, workload: dict[str, Any], candidates: list[dict[str, Any]],
+              make: Callable[[dict[str, Any]], Callable[[], Any]], refresh: bool = False, **kw: Any) -> Calibration:
+    """The cached calibration of ``workload`` on this machine, or a new one (``time_candidates``), stored."""
+    if not refresh:
+        hit = cached(device, {**workload, "candidates": candidates})
+        if hit is not None:
+            return hit
+    cal = time_candidates(what, candidates, make, **kw)
+    store(device, {**workload, "candidates": candidates}, cal)
+    return cal

@@ -1,0 +1,504 @@
+"""The run planner: recipe + config file + flags + budget + device -> the final ``TrainConfig`` and a ``Plan``.
+
+It is the one place where a run's settings are decided. Layers, last wins: the shipped recipe
+(``configs/<dataset>.yaml``, or ``finetune.yaml`` with ``--init``, or for a folder the recipe its images call for),
+a ``--config`` file, the flags. Then, for every ``auto``, the candidates are timed on the run's own training step
+(forward, backward and optimizer step of its model on a real batch; runtime/calibrate.py):
+
+- precision (fp32 / bf16), attention path (fused SDPA / exact), the conv weights' memory layout;
+- with a ``--time-limit``: the recipe's tier, by the epochs the budget buys of the fastest candidate;
+- compile, where the budget could repay the compile time (measured here, or ~30 s before it has been);
+- CPU threads, on the chosen step (runtime/threads.py): measured every run, since load changes from run to run.
+
+The ``Plan`` records every candidate timed, what was chosen and why; it is printed at the start of the run and
+saved as ``plan.json`` in the run folder.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..data.augment import BatchAugment, batches
+from ..data.datasets import DataSplits
+from ..model.config import to_2tuple
+from ..model.vit import set_attention
+from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
+from ..runtime.compile import has_cxx_compiler
+from ..runtime.cpu import machine_name
+from ..runtime.device import resolve_device
+from ..runtime.distributed import rank_and_world
+from ..runtime.precision import autocast_for
+from ..runtime.threads import choose_threads, threads_for_ranks
+from .build import build_data, build_model, preprocessing_for
+from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
+from .optim import build_optimizer, freeze_body
+
+# Compile is timed only where a run could repay twice its compile time at this gain over the eager step (what the
+# Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x; 1.12x in bf16
+# on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed): 5-minute runs never pay for a cold one.
+COMPILE_GAIN = 1.2
+COMPILE_PRIOR_S = 30.0  # a cold compile of a small ViT's step on 2 cores (30-40 s), until measured here
+COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
+RETIME = 1.15  # after a tier changes the model, the candidates within this of the best are timed again
+# Of the images per second the calibrated step promises, what an epoch delivers: augmentation, evaluation, saving
+# and Python between steps take the rest (Fashion-MNIST 5-minute runs, docs: Speed).
+EPOCH_EFFICIENCY = 0.8
+
+
+@dataclass
+class Plan:
+    """What the planner decided for a run and why: every candidate timed, the tier, compile, threads."""
+
+    recipe: str | None
+    device: str
+    machine: str
+    asked: dict[str, Any]  # precision, compile, attention, channels_last as configured ("auto" or a value)
+    chosen: dict[str, Any] = field(default_factory=dict)  # ... as decided, and threads
+    calibrations: list[Calibration] = field(default_factory=list)
+    tier: dict[str, Any] | None = None  # the tier taken ({below: ..., ...}), if any
+    epochs_affordable: float | None = None
+    notes: list[str] = field(default_factory=list)  # one sentence per decision
+    seconds: float = 0.0  # spent planning (calibration included), inside the run's budget
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["calibrations"] = [c.to_dict() | {"cached": c.cached} for c in self.calibrations]
+        return d
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plan.json").write_text(json.dumps(self.to_dict(), indent=1, default=str))
+
+    def lines(self) -> list[str]:
+        """The short table printed at the start of the run."""
+        spent = "all cached" if self.calibrations and all(c.cached for c in self.calibrations) else \
+            f"{self.seconds:.1f} s"
+        out = [f"plan: {self.machine}, torch {torch.__version__}, {self.device} (planning {spent}; "
+               "`vitkit calibrate` refreshes)"]
+        for c in self.calibrations:
+            out.append(f" {c.what}{' (cached)' if c.cached else ''}:")
+            out.append(c.table())
+        out += [f" {n}" for n in self.notes]
+        chosen = ", ".join(f"{k} {v}" for k, v in self.chosen.items())
+        return out + [f" chosen: {chosen}"]
+
+
+# ------------------------------------------------------------------------------------------ layering the sources
+@dataclass
+class Sources:
+    """What a run was asked: flags (``given``, TrainConfig keys), model overrides from flags, a config file."""
+
+    given: dict[str, Any] = field(default_factory=dict)
+    model_args: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+
+    def users(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the keys the user set in the file or flags, the model keys they set)."""
+        file_cfg = read_yaml(self.config_file) if self.config_file else {}
+        return {**file_cfg, **self.given}, {**file_cfg.get("model_args", {}), **self.model_args}
+
+
+def resolve(src: Sources, say: Callable[[str], None] = print,
+            progress: Callable | None = None) -> tuple[TrainConfig, DataSplits | None, str | None]:
+    """The layered TrainConfig (``auto`` still in it), the data if it had to be read to choose the recipe, and the
+    recipe's name. Tiers keep none of the settings the user gave (the user's file and flags win there too)."""
+    from ..data.datasets import default_cache_dir, load_dataset
+    from ..interop.pretrained import init_image_size
+    from .checkpoint import recover_run
+    from .recipes import choose_recipe, flips_change_labels
+
+    given = dict(src.given)
+    file_cfg = read_yaml(src.config_file) if src.config_file else {}
+    resume = given.get("resume") or file_cfg.get("resume")
+    saved: dict[str, Any] = {}
+    if resume:
+        run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
+        recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
+        if resume == "auto" and not (run_dir / "last").exists():
+            given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
+        elif (run_dir / "config.yaml").is_file():
+            saved = safe_yaml(run_dir / "config.yaml")
+            given["resume"] = str(run_dir)
+            given.setdefault("output", str(run_dir))
+        else:
+            raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
+    if saved:
+        _check_same_model(saved, {**file_cfg, **given}, {**file_cfg.get("model_args", {}), **src.model_args},
+                          given["resume"])
+    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
+    merged: dict[str, Any] = {"dataset": dataset}
+    init = given.get("init") or file_cfg.get("init")
+    data, name = None, None
+    if not saved:
+        if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
+            size = src.model_args.get("img_size") or init_image_size(init)
+            merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
+        if dataset == "folder":
+            probe = {**file_cfg, **given}
+            data = load_dataset("folder", probe.get("data_dir"), False, probe.get("skip_bad_images", False),
+                                probe.get("cache_dir") or default_cache_dir(), progress=progress,
+                                max_side=merged.get("folder_max_side", 128))
+            name = "finetune" if init else choose_recipe(data)
+            say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
+        else:
+            name = "finetune" if init else dataset
+        if init:
+            say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
+                "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
+                "training size; a --config file or flags override it)")
+        merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
+        if data is not None and merged.get("hflip") and flips_change_labels(data):
+            merged["hflip"] = False
+            if "hflip" not in given and "hflip" not in file_cfg:
+                say("no horizontal flips: small grayscale images are often digits or characters, which a flip "
+                    "changes (--hflip to flip anyway)")
+    for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
+        merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
+    merged.setdefault("cache_dir", default_cache_dir())
+    if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
+        merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
+                                              {**file_cfg.get("model_args", {}), **src.model_args})
+    if init and not saved and data is not None:
+        _fit_accumulation(merged, len(data.train), "grad_accum" in given or "grad_accum" in file_cfg, say)
+    return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any], run: str) -> None:
+    """A resume continues the run's own model: a --model, --init or model flag that differs would relabel the run
+    without changing its weights."""
+    changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
+               if k in users and users[k] != saved.get(k)]
+    def same(a: Any, b: Any) -> bool:
+        return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+    changed += [f"{k} {saved.get('model_args', {}).get(k)!r} -> {v!r}" for k, v in users_model.items()
+                if not same(v, saved.get("model_args", {}).get(k))]
+    if changed:
+        raise ValueError(f"--resume {run} continues that run's model, but the flags or --config change it: "
+                         f"{'; '.join(changed)}. Start a new run (another --output) to train another model")
+
+
+def _without_users_keys(tiers: list[dict[str, Any]], users: dict[str, Any], users_model: dict[str, Any]
+                        ) -> list[dict[str, Any]] | None:
+    """The recipe's tiers without what the user's config file or flags set; None if no tier has anything left."""
+    out = []
+    for tier in tiers:
+        t = {k: v for k, v in tier.items() if k not in users}
+        if isinstance(t.get("model_args"), dict):
+            t["model_args"] = {k: v for k, v in t["model_args"].items() if k not in users_model}
+            if not t["model_args"]:
+                del t["model_args"]
+        out.append(t)
+    return out if any(set(t) - {"below"} for t in out) else None
+
+
+def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool, say: Callable[[str], None]) -> None:
+    """The recipe's batch of 512 by accumulation, cut on a small dataset so an epoch keeps 8 optimiser steps."""
+    batch, accum = merged.get("batch_size", 32), merged.get("grad_accum", 1)
+    fitted = max(1, min(accum, n_train // (8 * batch)))
+    if fitted != accum and not user_set:
+        merged["grad_accum"] = fitted
+        say(f"batch {batch} x {fitted} accumulated = {batch * fitted} (not {batch * accum}): {n_train} training "
+            "images would give fewer than 8 optimiser steps an epoch")
+
+
+# ------------------------------------------------------------------------------------------ timing the step
+def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True) -> list[dict[str, Any]]:
+    """Every combination of the settings left ``auto``. CPU flags only order them: where the CPU reports no bf16
+    unit, fp32 is timed first, so that an emulated bf16 is cut at its first call. The memory layout is a candidate
+    only for a model with a CNN stem (``hybrid``): elsewhere it moves one small convolution."""
+    if cfg.precision != "auto":
+        precisions = [cfg.precision]
+    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        precisions = ["fp32"]
+    elif device.type in ("cpu", "cuda"):
+        from ..runtime.cpu import reports_bf16_unit
+
+        precisions = ["bf16", "fp32"] if device.type == "cuda" or reports_bf16_unit() else ["fp32", "bf16"]
+    else:
+        precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
+    attentions = ["sdpa", "exact"] if cfg.attention == "auto" else [cfg.attention]
+    layouts = ([True, False] if hybrid else [False]) if cfg.channels_last == "auto" else [cfg.channels_last]
+    return [{"precision": p, "attention": a, "channels_last": c} for p in precisions for a in attentions
+            for c in layouts]
+
+
+def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.device) -> dict[str, Any]:
+    """What the step's time depends on, for the cache key."""
+    return {"kind": "train step", "model": model.config.to_dict(), "batch": n, "opt": cfg.opt,
+            "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
+            "threads": torch.get_num_threads()}
+
+
+class StepProbe:
+    """The run's training step on a real batch, for timing: each candidate trains a copy of the model, so the run's
+    own model, optimizer and random state are untouched."""
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device,
+                 augment: BatchAugment) -> None:
+        self.cfg, self.model, self.device = cfg, model, device
+        self.n, self.n_train = min(cfg.batch_size, len(data.train)), len(data.train)
+        rng = torch.get_rng_state()
+        x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
+        self.x, self.target = augment(x, y, train=False)
+        torch.set_rng_state(rng)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+
+    def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
+        m = copy.deepcopy(self.model).train()
+        apply_layout(m, s["attention"], s["channels_last"])
+        cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
+                                     "attention": "sdpa", "channels_last": False, "tiers": None})
+        if cfg.freeze_body:
+            freeze_body(m)
+        opt = build_optimizer(m, cfg)
+        fwd = torch.compile(m) if compiled else m
+        x, target, criterion, device, precision = self.x, self.target, self.criterion, self.device, s["precision"]
+
+        def step() -> None:
+            with autocast_for(device, precision):
+                loss = criterion(fwd(x), target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        return step
+
+
+def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:
+    """The attention implementation and the memory layout of the conv weights (a hybrid's stem, the patch
+    embedding's E) a run trains with."""
+    set_attention(model, attention)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)  # moves only 4-D tensors
+
+
+# ------------------------------------------------------------------------------------------ the planner
+def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | None = None,
+         log: Callable[[str], None] = print, start_time: float | None = None, refresh: bool = False,
+         device: torch.device | None = None) -> tuple[TrainConfig, Plan]:
+    """``cfg`` with every ``auto`` decided by timing, its tier taken (with a ``--time-limit``), and the Plan that
+    says how. Threads are set for this process. Under torchrun rank 0 times and every rank takes its plan."""
+    start = time.time()
+    start_time = start_time or start
+    rank, world = rank_and_world()
+    device = device or resolve_device(cfg.device, rank % max(torch.cuda.device_count(), 1))
+    p = Plan(recipe, str(device), machine_name(device),
+             {k: getattr(cfg, k) for k in ("precision", "compile", "attention", "channels_last")})
+    if world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
+        n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running
+        threads_note = f"threads: {n} per process ({world} processes)"
+    elif cfg.threads is not None or os.environ.get("OMP_NUM_THREADS"):
+        threads_note = choose_threads(lambda: None, cfg.threads, device=device)[1]
+    else:
+        threads_note = ""  # measured on the chosen step, below
+    data = data or build_data(cfg)
+    if rank == 0:
+        cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "")
+    if world > 1:
+        cfg = _from_rank0(cfg, p, device)
+    if threads_note:
+        p.notes.append(threads_note)
+    p.chosen["threads"] = torch.get_num_threads()
+    p.seconds = time.time() - start
+    if rank == 0:
+        for line in p.lines():
+            log(line)
+    return cfg, p
+
+
+def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
+            measure_threads: bool) -> TrainConfig:
+    data = data.with_train_fraction(cfg.train_fraction)
+    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads):
+        p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
+                        channels_last=cfg.channels_last)
+        return cfg  # nothing to time
+    probe = _probe(cfg, data, device)
+    cal = None
+    if cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume):
+        cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
+        cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
+                        step_workload(cfg, probe.model, probe.n, device), cands, probe.make, refresh=refresh)
+        p.calibrations.append(cal)
+    if cfg.tiers and cfg.time_limit and not cfg.resume and cal is not None:
+        cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh)
+    if cfg.tiers:
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
+    best = cal.best.settings if cal is not None else {}
+    fixed = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
+    chosen = {k: (best[k] if v == "auto" else v) for k, v in fixed.items()}
+    if cal is not None and "auto" in fixed.values():
+        p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
+    if measure_threads:
+        p.notes.append(choose_threads(probe.make(chosen), None, "training step", device)[1])
+    compile_on = cfg.compile
+    if cfg.compile == "auto":
+        compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)
+        p.notes.append(why)
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
+    p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
+                    channels_last=cfg.channels_last)
+    return cfg
+
+
+def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProbe:
+    rng = torch.get_rng_state()
+    model = build_model(cfg, data).to(device)
+    torch.set_rng_state(rng)  # the run's model is built from the same seed after planning
+    pre = preprocessing_for(cfg, model, data)
+    mc = model.config
+    augment = BatchAugment(pre["mean"], pre["std"], to_2tuple(mc.img_size), mc.num_classes)
+    return StepProbe(cfg, model, data, device, augment)
+
+
+def _describe_model(model: nn.Module) -> str:
+    c = model.config
+    hybrid = f", {c.hybrid}" if getattr(c, "hybrid", None) else ""
+    return f"depth {c.depth}, width {c.embed_dim}, patch {c.patch_size}{hybrid}"
+
+
+def _budget_left(cfg: TrainConfig, start_time: float) -> float:
+    from .budget import usable_seconds
+
+    return usable_seconds(cfg.time_limit) - (time.time() - start_time)
+
+
+def affordable_epochs(seconds_left: float, step_s: float, batch: int, world: int, n_train: int) -> float:
+    """Epochs ``seconds_left`` buy at ``step_s`` per step of ``batch`` images on each of ``world`` processes."""
+    return seconds_left * EPOCH_EFFICIENCY * batch * world / max(step_s, 1e-9) / max(n_train, 1)
+
+
+def pick_tier(tiers: list[dict[str, Any]], epochs: float) -> dict[str, Any] | None:
+    """The tier with the smallest ``below`` above ``epochs`` (None: the recipe as it is)."""
+    fits = sorted((t for t in tiers if epochs < t["below"]), key=lambda t: t["below"])
+    return fits[0] if fits else None
+
+
+def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, probe: StepProbe,
+               cal: Calibration, start_time: float, refresh: bool) -> tuple[TrainConfig, StepProbe, Calibration]:
+    _, world = rank_and_world()
+    epochs = affordable_epochs(_budget_left(cfg, start_time), cal.best.seconds or 0.0, probe.n, world,
+                               len(data.train))
+    p.epochs_affordable = round(epochs, 2)
+    tier = pick_tier(cfg.tiers or [], epochs)
+    bought = f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model at the fastest step"
+    if tier is None:
+        p.notes.append(f"{bought}: the recipe as it is (no tier below {epochs:.1f} epochs)")
+        return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
+    new = cfg.with_tier(tier)
+    changed = describe_changes(cfg.to_dict(), {k: v for k, v in tier.items() if k != "below"},
+                               probe.model.config.to_dict())
+    p.tier = dict(tier)
+    p.notes.append(f"{bought}: tier below {tier['below']:g}: {', '.join(changed) or 'no change'}")
+    if not _changes_step(cfg, new):
+        return new, probe, cal
+    try:  # the tier's model is first checked here, where it is built
+        new_probe = _probe(new, data, device)
+    except ValueError as e:
+        raise type(e)(f"tier below {tier['below']:g}: {e}") from None
+    close = [t.settings for t in cal.timings if t.seconds is not None and t.seconds <= RETIME * cal.best.seconds]
+    new_cal = calibrate(f"training step ({_describe_model(new_probe.model)}, batch {new_probe.n}; the tier's model)",
+                        device, step_workload(new, new_probe.model, new_probe.n, device), close, new_probe.make,
+                        refresh=refresh)
+    p.calibrations.append(new_cal)
+    return new, new_probe, new_cal
+
+
+def _changes_step(a: TrainConfig, b: TrainConfig) -> bool:
+    keys = ("model_args", "batch_size", "opt", "muon_stem", "muon_embed")
+    return any(getattr(a, k) != getattr(b, k) for k in keys)
+
+
+def compile_worth_timing(run_s: float, compile_s: float) -> bool:
+    """Whether a run of ``run_s`` seconds could repay twice ``compile_s`` at the best gain compiling has given."""
+    return run_s * (1 - 1 / COMPILE_GAIN) > 2 * compile_s
+
+
+def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Plan,
+                    start_time: float, refresh: bool, cal: Calibration | None) -> tuple[bool, str]:
+    if device.type == "cpu" and not has_cxx_compiler():
+        return False, "compile: off (no C++ compiler for Inductor's CPU kernels)"
+    workload = {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
+    known = None if refresh else cached(device, workload)
+    eager_s = (cal.seconds_of(**chosen) if cal is not None else None)
+    if cfg.time_limit:
+        run_s = _budget_left(cfg, start_time)
+    elif eager_s:
+        run_s = cfg.epochs * _steps_per_epoch(cfg, probe) * eager_s
+    else:
+        run_s = 0.0
+    compile_s = known.extra.get("compile_s", COMPILE_PRIOR_S) if known else COMPILE_PRIOR_S
+    if not compile_worth_timing(run_s, compile_s):
+        return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
+                       f"gain seen, {COMPILE_GAIN}x; --compile to compile anyway)")
+    if known is None:
+        known = _time_compile(probe, chosen, device)
+        store(device, workload, known)
+        p.calibrations.append(known)
+    else:
+        p.calibrations.append(known)
+    eager, compiled = (known.seconds_of(compiled=c) for c in (False, True))
+    compile_s = known.extra["compile_s"]
+    if compiled is None or eager is None:
+        return False, "compile: off (the compiled step could not be timed here)"
+    gain_s = (eager - compiled) * (run_s / eager)
+    if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
+        return False, (f"compile: off (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; saves "
+                       f"~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
+    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves ~{gain_s:.0f} "
+                  f"s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache is warm)")
+
+
+def _steps_per_epoch(cfg: TrainConfig, probe: StepProbe) -> int:
+    return max(1, probe.n_train // (cfg.batch_size * cfg.grad_accum))
+
+
+def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device) -> Calibration:
+    """The compiled step against the eager one, round-robin; the first compiled call's time is the compile."""
+    t0 = time.perf_counter()
+    compiled = probe.make(chosen, compiled=True)
+    try:
+        compiled()
+        compiled()  # Inductor may recompile once for the second call's guards
+    except Exception as e:  # noqa: BLE001 - a backend failure means: do not compile
+        return Calibration("compile", [Timing({**chosen, "compiled": True}, note=f"failed: {e}"[:100])],
+                           extra={"compile_s": time.perf_counter() - t0})
+    compile_s = time.perf_counter() - t0
+    cal = time_candidates("compile (the chosen step)", [{"compiled": False}, {"compiled": True}],
+                          lambda s: compiled if s["compiled"] else probe.make(chosen), cut=10.0)
+    cal.extra["compile_s"] = round(compile_s, 2)
+    cal.seconds_spent += compile_s
+    return cal
+
+
+def _from_rank0(cfg: TrainConfig, p: Plan, device: torch.device) -> TrainConfig:
+    """Every rank takes rank 0's decisions (ranks time themselves differently)."""
+    import torch.distributed as dist
+
+    obj = [{"cfg": cfg.to_dict(), "chosen": p.chosen, "notes": p.notes, "tier": p.tier}]
+    dist.broadcast_object_list(obj, src=0)
+    p.chosen, p.notes, p.tier = obj[0]["chosen"], obj[0]["notes"], obj[0]["tier"]
+    return TrainConfig.from_dict(obj[0]["cfg"])
+
+
+def plan_run(src: Sources, data: DataSplits | None = None, log: Callable[[str], None] = print,
+             start_time: float | None = None, refresh: bool = False,
+             progress: Callable | None = None) -> tuple[TrainConfig, Plan, DataSplits]:
+    """From what a run was asked to what it trains: ``resolve`` the sources, read the data, ``plan`` the rest."""
+    cfg, folder_data, name = resolve(src, log, progress)
+    data = data or folder_data or build_data(cfg)
+    cfg, p = make_plan(cfg, data, name, log, start_time, refresh)
+    return cfg, p, data

@@ -1,0 +1,121 @@
+"""Round 2 of "nothing silently wrong": each test here failed (a traceback, a wrong result, a lost file) before its
+fix. The round-trip matrix of the formats is tests/test_roundtrip.py."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("r") / "run"
+    assert main(["train", "--epochs", "1", "--depth", "1", "--output", str(out)]) == 0
+    return out
+
+
+def test_written_weights_are_ordinary_files_not_0600(run_dir):
+    mode = stat.S_IMODE(os.stat(run_dir / "best" / "model.safetensors").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_eval_of_a_single_file_checkpoint_writes_beside_it(run_dir, tmp_path, capsys):
+    f = tmp_path / "w.safetensors"
+    assert main(["export", "--checkpoint", str(run_dir / "best"), "--format", "timm", "--out", str(f)]) == 0
+    assert main(["eval", "--checkpoint", str(f), "--precision", "fp32"]) == 0
+    assert (tmp_path / "w.safetensors.eval" / "eval.json").is_file() and f.is_file()
+    assert "Not a directory" not in capsys.readouterr().err
+
+
+def test_predict_takes_an_image_after_pretrained_as_an_image(tmp_path, capsys, monkeypatch):
+    img = tmp_path / "a.png"
+    Image.new("RGB", (16, 16)).save(img)
+    seen = {}
+
+    def fake_create(name, pretrained=True, **kw):  # no download: the weights source is what is checked
+        seen["pretrained"] = pretrained
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(vitkit, "create_model", fake_create)
+    code = main(["predict", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "--pretrained", str(img)])
+    assert code == 2 and seen["pretrained"] is True and "stop here" in capsys.readouterr().err
+    assert main(["predict", "--model", "x.y"]) == 2
+    assert "no images given" in capsys.readouterr().err
+
+
+def test_topk_below_one_is_a_message(run_dir, tmp_path, capsys):
+    img = tmp_path / "a.png"
+    Image.new("L", (8, 8)).save(img)
+    with pytest.raises(SystemExit):
+        main(["predict", "--checkpoint", str(run_dir / "best"), str(img), "--topk", "-1"])
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,error", [
+    ("model_args: 3\n", "model_args must be a mapping"),
+    ("lr: 0.1\nlr: 0.2\n", "key 'lr' is given twice"),
+    ("tiers: 5\n", "tiers must be a list")])
+def test_config_files_that_mean_nothing_are_refused_by_name(tmp_path, capsys, text, error):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    assert main(["train", "--config", str(f), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert error in err and str(f) in err and "Traceback" not in err
+
+
+def test_a_zero_crop_pct_in_config_json_is_refused_by_name(run_dir, tmp_path, capsys):
+    import shutil
+
+    ckpt = tmp_path / "ck"
+    shutil.copytree(run_dir / "best", ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["preprocessing"]["crop_pct"] = 0
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert main(["eval", "--checkpoint", str(ckpt)]) == 2
+    assert "crop_pct must be a number in (0, 1]" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_is_refused(run_dir, capsys):
+    assert main(["train", "--resume", str(run_dir), "--depth", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "continues that run's model" in err and "depth 1 -> 3" in err
+
+
+def test_an_onnx_export_that_fails_its_check_leaves_no_file(run_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    from vitkit.serving import onnx
+
+    def broken(model, path, atol=1e-4, batch=3):
+        raise ValueError("onnxruntime disagrees")
+
+    monkeypatch.setattr(onnx, "check_onnx", broken)
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--checkpoint", str(run_dir / "best"), "--format", "onnx", "--out", str(out)]) == 2
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing under the name, no temporary left
+    assert "onnxruntime disagrees" in capsys.readouterr().err
+
+
+def test_the_heads_of_an_exported_recipe_model_survive_eval(run_dir, tmp_path, capsys):
+    """The digits recipe's model has 4 heads at width 64 (guessed as 1 from the width before): its timm export,
+    evaluated, gives the run's own accuracy."""
+    f = tmp_path / "t.safetensors"
+    assert main(["export", "--checkpoint", str(run_dir / "best"), "--format", "timm", "--out", str(f)]) == 0
+    assert vitkit.load(f).config.num_heads == vitkit.load(run_dir / "best").config.num_heads == 4
+    capsys.readouterr()
+    for ck in (run_dir / "best", f):
+        assert main(["eval", "--checkpoint", str(ck), "--precision", "fp32", "--out", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    tops = [line for line in out.splitlines() if line.startswith("top-1")]
+    assert len(tops) == 2 and tops[0] == tops[1], tops
+    x = torch.rand(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(vitkit.load(f)(x), vitkit.load(run_dir / "best")(x))

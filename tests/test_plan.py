@@ -1,0 +1,213 @@
+"""The run planner and calibration: every `auto` decided by timing, never by CPU flags. The decision logic is tested
+with injected timings (steps that sleep for known times), so the right answer is known on any machine; one test
+calibrates this machine for real and only checks that it is quick and self-consistent."""
+import json
+import time
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.runtime import calibrate as cal_mod
+from vitkit.runtime.calibrate import Calibration, Timing, time_candidates
+import vitkit.training.plan as plan_mod
+from vitkit.training.config import TrainConfig, read_recipe
+from vitkit.training.plan import Sources, affordable_epochs, compile_worth_timing, pick_tier, make_plan
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _sleeps(times: dict[str, float], key: str = "precision"):
+    """A ``make`` whose step sleeps ``times[settings[key]]`` seconds."""
+    return lambda s: (lambda: time.sleep(times[s[key]]))
+
+
+def test_the_faster_candidate_wins_and_a_clearly_slower_one_is_cut_after_one_call():
+    cands = [{"precision": "bf16"}, {"precision": "fp32"}]
+    cal = time_candidates("step", cands, _sleeps({"bf16": 0.03, "fp32": 0.01}))
+    assert cal.best.settings == {"precision": "fp32"}  # bf16 slower here (as on a Xeon with the flag, no AMX)
+    bf16 = cal.timings[0]
+    assert bf16.calls == 1 and bf16.note.startswith("cut after 1 call") and cal.timings[1].calls >= 2
+    cal = time_candidates("step", cands, _sleeps({"bf16": 0.01, "fp32": 0.02}))
+    assert cal.best.settings == {"precision": "bf16"}  # bf16 faster (AMX, an EPYC with AVX512-BF16)
+    assert "<- chosen" in cal.table().splitlines()[0] and "bf16" in cal.table().splitlines()[0]
+
+
+def test_an_emulated_candidate_is_cut_at_its_warm_up_and_one_that_cannot_run_is_noted():
+    calls = []
+
+    def make(s):
+        if s["precision"] == "fp16":
+            raise RuntimeError("fp16 is not supported on this device")
+        return lambda: (calls.append(s["precision"]), time.sleep(0.6 if s["precision"] == "bf16" else 0.01))
+
+    cal = time_candidates("step", [{"precision": "fp32"}, {"precision": "bf16"}, {"precision": "fp16"}], make)
+    assert calls.count("bf16") == 1  # its warm-up alone: never timed
+    assert cal.timings[1].seconds is None and cal.timings[1].note.startswith("cut at warm-up")
+    assert cal.timings[2].note.startswith("cannot run here: fp16 is not supported")
+    assert cal.best.settings == {"precision": "fp32"}
+
+
+def test_the_cache_hits_misses_and_a_new_torch_version_is_a_miss(monkeypatch):
+    n = []
+
+    def make(s):
+        n.append(1)
+        return lambda: time.sleep(0.001)
+
+    work = {"kind": "test", "model": {"depth": 2}}
+    cands = [{"precision": "fp32"}]
+    first = cal_mod.calibrate("x", CPU, work, cands, make)
+    assert not first.cached and len(n) == 1
+    second = cal_mod.calibrate("x", CPU, work, cands, make)
+    assert second.cached and len(n) == 1 and second.best.seconds == first.best.seconds  # a hit: nothing timed
+    cal_mod.calibrate("x", CPU, {**work, "model": {"depth": 3}}, cands, make)  # another model: a miss
+    assert len(n) == 2
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert not cal_mod.calibrate("x", CPU, work, cands, make).cached and len(n) == 3  # another torch: a miss
+    assert cal_mod.calibrate("x", CPU, work, cands, make, refresh=True).cached is False  # `vitkit calibrate`
+    cal_mod.cache_file().write_text("{not json")  # a broken cache costs a calibration, nothing else
+    assert not cal_mod.calibrate("x", CPU, work, cands, make).cached
+
+
+def test_tiers_by_the_epochs_the_budget_buys():
+    tiers = [{"below": 15, "lr": 2}, {"below": 5, "lr": 3}]
+    assert pick_tier(tiers, 2.0)["lr"] == 3 and pick_tier(tiers, 5.0)["lr"] == 2 and pick_tier(tiers, 15.0) is None
+    # 100 s at 0.1 s per step of 64 images is 64,000 images, 80% of it delivered: 0.85 epochs of 60,000
+    assert affordable_epochs(100, 0.1, 64, 1, 60000) == pytest.approx(100 * 0.8 * 640 / 60000)
+
+
+def test_compile_is_timed_only_where_the_budget_could_repay_it():
+    assert not compile_worth_timing(290.0, 30.0)  # a 5-minute run: a cold compile cannot pay
+    assert compile_worth_timing(1790.0, 30.0)  # 30 minutes can
+    assert compile_worth_timing(290.0, 3.0)  # a compile measured fast here (Inductor's cache warm)
+
+
+DIGITS = dict(dataset="digits", epochs=2, batch_size=64, model_args={"depth": 1, "embed_dim": 32, "num_heads": 2})
+
+
+def _inject(monkeypatch, step_s: dict[str, float]):
+    """The planner's step probe sleeps instead of training: ``step_s[precision]`` seconds (exact attention 20%
+    faster, channels-last no different)."""
+    def make(self, s, compiled=False):
+        t = step_s[s["precision"]] * (0.8 if s["attention"] == "exact" else 1.0)
+        return lambda: time.sleep(t)
+
+    monkeypatch.setattr(plan_mod.StepProbe, "make", make)
+
+
+@pytest.mark.parametrize("bf16_s,want", [(0.004, "bf16"), (0.02, "fp32")])
+def test_precision_auto_is_the_faster_one_timed(monkeypatch, bf16_s, want):
+    _inject(monkeypatch, {"fp32": 0.01, "bf16": bf16_s})
+    cfg, p = make_plan(TrainConfig(**DIGITS, precision="auto", attention="auto", threads=1), log=lambda s: None)
+    assert cfg.precision == want and cfg.attention == "exact" and not cfg.needs_plan
+    assert p.chosen["precision"] == want and p.calibrations[0].best.settings["precision"] == want
+
+
+def test_compile_auto_stays_eager_when_the_gain_does_not_repay_the_compile(monkeypatch):
+    _inject(monkeypatch, {"fp32": 0.01, "bf16": 0.02})
+    gain = {}
+
+    def fake_compile(probe, chosen, device):
+        return Calibration("compile", [Timing({"compiled": False}, 0.010), Timing({"compiled": True}, gain["s"])],
+                           extra={"compile_s": 40.0})
+
+    monkeypatch.setattr(plan_mod, "_time_compile", fake_compile)
+    monkeypatch.setattr(plan_mod, "has_cxx_compiler", lambda: True)
+    base = TrainConfig(**{**DIGITS, "epochs": 100000}, precision="auto", compile="auto", threads=1)  # a long run
+    gain["s"] = 0.0099  # 1% faster: not worth it
+    cfg, p = make_plan(base, log=lambda s: None)
+    assert cfg.compile is False and any(n.startswith("compile: off (compiled step 9.9 ms") for n in p.notes)
+    gain["s"] = 0.006
+    cfg, p = make_plan(base, log=lambda s: None, refresh=True)
+    assert cfg.compile is True and any(n.startswith("compile: on") for n in p.notes)
+    short = TrainConfig(**DIGITS, precision="auto", compile="auto", threads=1, time_limit=5)  # 5 min: not timed
+    cfg, p = make_plan(short, log=lambda s: None)
+    assert cfg.compile is False and any("cannot repay a ~40 s compile" in n for n in p.notes)  # the measured one
+
+
+def test_a_slow_machine_gets_the_few_epochs_tier_and_a_fast_one_the_recipe(monkeypatch):
+    tiers = [{"below": 3, "model_args": {"depth": 2}, "lr": 0.003}, {"below": 30, "lr": 0.002}]
+    base = TrainConfig(**DIGITS, precision="auto", threads=1, time_limit=0.25, tiers=tiers)
+    # digits: 1,437 training images; a 15-second budget leaves ~11 s after the margin and the calibration
+    _inject(monkeypatch, {"fp32": 0.05, "bf16": 0.1})  # 0.05 s a step at best: ~8 epochs
+    cfg, p = make_plan(base, log=lambda s: None)
+    assert cfg.model_args["depth"] == 1 and cfg.lr == 0.002 and cfg.tiers is None and p.tier["below"] == 30
+    assert 3 < p.epochs_affordable < 30
+    _inject(monkeypatch, {"fp32": 0.25, "bf16": 0.5})  # a machine 5x slower
+    cfg, p = make_plan(base, log=lambda s: None, refresh=True)
+    assert cfg.model_args["depth"] == 2 and cfg.lr == 0.003 and p.tier["below"] == 3
+    assert "depth 1 -> 2" in " ".join(p.notes)
+    _inject(monkeypatch, {"fp32": 0.001, "bf16": 0.002})  # fast: the recipe as it is
+    cfg, p = make_plan(base, log=lambda s: None, refresh=True)
+    assert (cfg.model_args["depth"], cfg.lr, p.tier) == (1, 1e-3, None)
+
+
+def test_the_users_flags_win_over_the_tiers(tmp_path):
+    cfg, _, name = plan_mod.resolve(Sources({"dataset": "fashion-mnist", "lr": 0.05}, {"depth": 5}), lambda s: None)
+    assert name == "fashion-mnist" and cfg.lr == 0.05 and cfg.model_args["depth"] == 5
+    assert all("lr" not in t and "depth" not in t.get("model_args", {}) for t in cfg.tiers)
+    cfg, _, _ = plan_mod.resolve(Sources({"dataset": "fashion-mnist", "tiers": None}), lambda s: None)
+    assert cfg.tiers is None  # --no-tiers
+
+
+def test_the_recipes_leave_speed_to_the_planner_and_carry_no_machine_keyed_sections():
+    for name in ("fashion-mnist", "cifar10"):
+        r = read_recipe(name)
+        assert {r[k] for k in ("precision", "compile", "attention", "channels_last")} == {"auto"}, name
+        assert not {"cpu_fp32", "budgets", "few_epochs"} & set(r), name
+        TrainConfig.from_dict(r)  # every tier is valid
+
+
+@pytest.mark.parametrize("tier,error", [
+    ({"lr": 0.1}, "needs below: N"), ({"below": 3, "dataset": "cifar10"}, "cannot set ['dataset']"),
+    ({"below": 3, "lr": -1}, "tiers[0]: tier: lr must be > 0"),
+    ({"below": 3, "model_args": {"widht": 3}}, "unknown model override key(s) ['widht']")])
+def test_a_wrong_tier_is_refused_before_the_run_starts(tier, error):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(tiers=[tier])
+    assert error in str(e.value)
+
+
+def test_a_real_calibration_here_is_quick_and_its_plan_is_saved_as_logged(tmp_path, capsys):
+    from vitkit.cli.main import main
+
+    t = time.time()
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--precision", "auto", "--attention", "auto", "--channels-last", "auto",
+                 "--depth", "1", "--output", str(out)]) == 0
+    assert time.time() - t < 60
+    said = capsys.readouterr().out
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["calibrations"][0]["seconds_spent"] < 15  # every candidate, on this machine, in seconds
+    chosen = saved["chosen"]
+    assert f"chosen: precision {chosen['precision']}, compile False, attention {chosen['attention']}" in said
+    timings = saved["calibrations"][0]["timings"]
+    assert len(timings) == 4 and {t["settings"]["precision"] for t in timings} == {"fp32", "bf16"}  # no stem: no layout
+    best = min((t for t in timings if t["seconds"]), key=lambda t: t["seconds"])
+    assert best["settings"] == {k: chosen[k] for k in ("precision", "attention", "channels_last")}
+    cfg = (out / "config.yaml").read_text()
+    assert f"precision: {chosen['precision']}" in cfg and "auto" not in cfg  # the run folder says what ran
+    # the second run of the same shape pays nothing
+    capsys.readouterr()
+    assert main(["calibrate", "--epochs", "1", "--precision", "auto", "--attention", "auto", "--channels-last",
+                 "auto", "--depth", "1", "--keep-cache", "--inference-batch", "0"]) == 0
+    assert "(cached)" in capsys.readouterr().out
+
+
+def test_inference_dtype_is_timed_and_cached(monkeypatch):
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=4).eval()
+    fast = vitkit.optimize_for_inference(model)
+    cal = fast.calibration
+    assert {t.settings["dtype"] for t in cal.timings} == {"fp32", "bf16"} and not cal.cached
+    assert fast.precision == cal.best.settings["dtype"]
+    assert {p.dtype for p in fast.parameters()} == {torch.bfloat16 if fast.precision == "bf16" else torch.float32}
+    assert fast(torch.randn(2, 3, 32, 32)).dtype == torch.float32
+    assert vitkit.optimize_for_inference(model).calibration.cached
+    assert vitkit.optimize_for_inference(model, dtype=None).precision == "fp32"  # asked for: no timing
+    assert vitkit.optimize_for_inference(model, dtype=torch.bfloat16).calibration is None
