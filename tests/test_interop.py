@@ -241,12 +241,12 @@ def test_every_converter_names_keys_it_does_not_understand(tmp_path):
         vitkit.load(tmp_path / "timm.safetensors")
     save_file({**sd, "blocks.0.attn.extra": torch.ones(2)}, tmp_path / "timm2.safetensors")
     with pytest.raises(ValueError, match=r"unexpected \['blocks\.0\.attn\.extra'\]"):
-        vitkit.load(tmp_path / "timm2.safetensors")
+        vitkit.load(tmp_path / "timm2.safetensors", num_heads=2)
     hf, _ = vitkit.interop.to_hf(model)
     save_file({**{k: v.contiguous() for k, v in hf.items()}, "vit.encoder.layer.0.extra.weight": torch.ones(2)},
               tmp_path / "hf.safetensors")
     with pytest.raises(ValueError, match=r"vit\.encoder\.layer\.0\.extra\.weight"):
-        vitkit.load(tmp_path / "hf.safetensors")
+        vitkit.load(tmp_path / "hf.safetensors", num_heads=2)
 
 
 def test_image_size_flag_takes_square_and_non_square():

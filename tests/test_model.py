@@ -67,14 +67,14 @@ def test_patch_embedding_conv_equals_linear_map_of_flattened_patches():
 def test_patch_embedding_equals_the_stride_p_convolution_in_either_memory_layout(hybrid):
     """E is stored as timm's P x P stride-P convolution; the matmul over (P, P, C)-ordered patches must give the
     convolution's numbers, for images and for a CNN feature map (§3.1), with NCHW or channels-last weights."""
-    from vitkit.runtime import configure_for_training
+    from vitkit.training.plan import apply_layout
 
     model = VisionTransformer(tiny_config(img_size=(12, 8), hybrid=hybrid)).eval()  # eval: BN's running statistics
     pe, x = model.patch_embed, torch.randn(2, 3, 12, 8)
     feats = pe.backbone(x) if hybrid else x
     expected = F.conv2d(feats, pe.proj.weight, pe.proj.bias, stride=4).flatten(2).transpose(1, 2)
     torch.testing.assert_close(pe(x), expected, rtol=1e-5, atol=1e-5)
-    configure_for_training(model, torch.device("cpu"), "fp32")
+    apply_layout(model, "sdpa", channels_last=True)
     assert pe.proj.weight.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(pe(x), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pe(x.contiguous(memory_format=torch.channels_last)), expected, rtol=1e-5, atol=1e-5)

@@ -119,3 +119,65 @@ def test_the_heads_of_an_exported_recipe_model_survive_eval(run_dir, tmp_path, c
     x = torch.rand(2, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(vitkit.load(f)(x), vitkit.load(run_dir / "best")(x))
+
+
+def _png(size=8, value=0) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.new("L", (size, size), value).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _zip(path, names):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for i, n in enumerate(names):
+            z.writestr(n, _png(value=i % 255))
+    return path
+
+
+def _tree(prefix=""):
+    return [f"{prefix}{s}/{c}/{i}.png" for s in ("train", "val") for c in ("a", "b") for i in range(3)]
+
+
+@pytest.mark.parametrize("names,found", [
+    (_tree("xray/") + _tree("xray/xray/"), "xray/ (train, val), xray/xray/ (train, val)"),  # a nested copy
+    ([n for n in _tree("v1/") if "/train/" in n] + _tree("v2/"), "v1/ (train), v2/ (train, val)")])
+def test_a_zip_with_two_split_roots_is_refused_listing_them(tmp_path, names, found):
+    from vitkit.data.folder import load_folder_splits
+
+    z = _zip(tmp_path / "d.zip", names)
+    with pytest.raises(ValueError, match="2 folders hold a train/ split") as e:
+        load_folder_splits(str(z))
+    assert found in str(e.value)
+
+
+def test_images_below_a_class_folder_are_named_not_dropped(tmp_path):
+    from vitkit.data.folder import load_folder_splits
+
+    z = _zip(tmp_path / "d.zip", _tree() + ["train/a/extra/9.png"])
+    with pytest.raises(ValueError, match=r"1 image\(s\) lie deeper than .*train/a/extra/9.png"):
+        load_folder_splits(str(z))
+
+
+def test_windows_zip_names_and_symlinked_class_folders_are_read(tmp_path):
+    from vitkit.data.folder import load_folder_splits
+
+    z = _zip(tmp_path / "w.zip", [n.replace("/", "\\") for n in _tree("data/")])
+    d = load_folder_splits(str(z))
+    assert (len(d.train), len(d.val), d.classes) == (6, 6, ["a", "b"])
+    root = tmp_path / "f"
+    elsewhere = tmp_path / "elsewhere"
+    for n in _tree():
+        p = (elsewhere if n.startswith("train/b/") else root) / n
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(_png())
+    (root / "train" / "b").symlink_to(elsewhere / "train" / "b", target_is_directory=True)
+    (root / "train" / "a" / "loop").symlink_to(root / "train", target_is_directory=True)  # a link loop ends
+    with pytest.raises(ValueError, match="deeper than"):  # the loop's images are below a class: named
+        load_folder_splits(str(root))
+    (root / "train" / "a" / "loop").unlink()
+    d = load_folder_splits(str(root))
+    assert (len(d.train), len(d.val)) == (6, 6)

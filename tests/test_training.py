@@ -11,6 +11,8 @@ import time
 import pytest
 import torch
 
+import vitkit
+
 from vitkit.training.checkpoint import recover_checkpoint, save_checkpoint
 from vitkit.training.config import TrainConfig
 from vitkit.training.budget import TimeBudget
@@ -488,11 +490,11 @@ def test_newton_schulz_gives_the_svd_directions_with_singular_values_in_muons_ba
     torch.testing.assert_close(core, torch.diag_embed(s), atol=1e-5, rtol=0)
 
 
-def test_muon_iterates_in_fp32_on_a_cpu_without_native_bf16(monkeypatch):
-    """torch.optim.Muon casts to bf16, which such a CPU emulates (20x slower than fp32 with AVX2 only)."""
+def test_muon_iterates_in_the_runs_own_precision():
+    """torch.optim.Muon always casts to bf16, which a CPU without a bf16 unit emulates (20x slower than fp32 with
+    AVX2 only): vitkit's iterates in fp32 unless the run itself trains in bf16 (the planner timed it faster)."""
     from vitkit.training import optim
 
-    monkeypatch.setattr(optim, "has_native_bf16", lambda device: False)
     torch.manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(48, 16)) for _ in range(3)]
     copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
@@ -504,6 +506,10 @@ def test_muon_iterates_in_fp32_on_a_cpu_without_native_bf16(monkeypatch):
     for w, c, w0 in zip(weights, copies, start):
         torch.testing.assert_close(w, c, rtol=0, atol=0)
         assert (w - w0).abs().max() > 1e-3  # it did step
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, depth=1, num_classes=3)
+    for precision, want in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        opt = optim.build_optimizer(model, TrainConfig(opt="muon", precision=precision))
+        assert opt.muon.ns_dtype == want
 
 
 def test_muon_trains_digits_from_the_cli(tmp_path, capsys):

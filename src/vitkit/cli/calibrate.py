@@ -12,8 +12,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     train.add_parser(p)
     p.add_argument("--inference-batch", dest="_inference_batch", type=int, default=8,
                    help="also time the inference dtypes of the run's model at this batch (0: skip)")
-    p.add_argument("--keep-cache", dest="_keep_cache", action="store_true", help="use cached timings where there are any (default: "
-                                                             "time everything again and replace them)")
+    p.add_argument("--keep-cache", dest="_keep_cache", action="store_true",
+                   help="use cached timings where there are any (default: time everything again and replace them)")
 
 
 def run(args: argparse.Namespace) -> int:

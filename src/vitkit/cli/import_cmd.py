@@ -16,6 +16,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="resample position embeddings to this size (§3.2), or the size a file cannot tell (a "
                         "non-square table: H W or HxW; a sin-cos model)")
     p.add_argument("--num-heads", type=int, default=None, help="heads, when the weights cannot tell (timm files)")
+    p.add_argument("--pool", choices=("cls", "gap", "map"), default=None,
+                   help="the pooling, when the weights cannot tell (a timm file with a class token and fc_norm "
+                        "that pools its class token: cls)")
     p.add_argument("--pos-embed", choices=("sincos2d", "none"), default=None,
                    help="for a file without a position table: big_vision's sin-cos (assumed) or none")
 
@@ -31,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     refuse_overwrite(out)
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads),
-                                   ("pos_embed", args.pos_embed)) if v is not None}
+                                   ("pos_embed", args.pos_embed), ("pool", args.pool)) if v is not None}
     model = load(args.src, None if args.fmt == "auto" else args.fmt, **overrides)
     model.save_pretrained(out)  # carries the source's preprocessing when it had one
     print(f"wrote {out}: {model.config.to_dict()}")

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from ..data.folder import IMAGE_EXTENSIONS
 
     pretrained = getattr(args, "pretrained", True)
-    if isinstance(pretrained, str) and Path(pretrained).suffix.lower() in IMAGE_EXTENSIONS and Path(pretrained).is_file():
+    if isinstance(pretrained, str) and Path(pretrained).suffix.lower() in IMAGE_EXTENSIONS \
+            and Path(pretrained).is_file():
         # `--model NAME --pretrained a.jpg`: argparse gave the image to --pretrained; an image is no weights source
         args.images, args.pretrained = [pretrained, *args.images], True
     if not args.images:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import os
 from pathlib import Path
 from typing import Callable, Iterator
 

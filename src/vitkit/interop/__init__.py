@@ -10,5 +10,6 @@ from .jax import from_jax_npz, jax_to_vitkit, to_jax_npz
 from .load import detect_format, load
 from .timm import from_timm, timm_kwargs, timm_to_vitkit, to_timm
 
-__all__ = ["from_timm", "to_timm", "from_hf", "to_hf", "from_jax_npz", "to_jax_npz", "load", "detect_format", "load_state_file", "timm_to_vitkit", "hf_to_vitkit", "vitkit_to_hf",
+__all__ = ["from_timm", "to_timm", "from_hf", "to_hf", "from_jax_npz", "to_jax_npz", "load", "detect_format",
+           "load_state_file", "timm_to_vitkit", "hf_to_vitkit", "vitkit_to_hf",
            "jax_to_vitkit", "timm_kwargs"]

@@ -92,12 +92,12 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None, token: st
     except (LocalEntryNotFoundError, OSError) as e:  # not cached, and offline or no network
         if isinstance(e, RepositoryNotFoundError):
             raise DownloadError(f"hf.co/{repo_id}: no such repository (or it is private: log in with "
-                                "`huggingface-cli login` or set HF_TOKEN)") from None
+                                "`hf auth login` or set HF_TOKEN)") from None
         if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
             raise DownloadError(f"hf.co/{repo_id} has no file {filename!r}") from None
         from huggingface_hub.constants import HF_HUB_CACHE, HF_HUB_OFFLINE  # read at the time of the error
 
         why = "HF_HUB_OFFLINE is set" if HF_HUB_OFFLINE else f"no network? ({type(e).__name__})"
         raise DownloadError(f"could not get {filename} of hf.co/{repo_id}: it is not in the cache ({HF_HUB_CACHE}) "
-                            f"and {why}. On a machine with internet run `huggingface-cli download {repo_id} "
-                            f"{filename}` and copy its cache to HF_HOME here, or pass the local file") from None
+                            f"and {why}. On a machine with internet run `hf download {repo_id} {filename}` "
+                            "(huggingface_hub's command) and copy its cache to HF_HOME here, or pass the local file") from None

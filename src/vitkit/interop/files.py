@@ -7,6 +7,10 @@ from typing import Any
 
 import torch
 
+from safetensors import safe_open
+
+from ..model.config import ViTConfig
+from ..model.fields import check_keys
 from ..model.serialization import CONFIG_NAME, read_safetensors, torch_load_safely
 
 
@@ -35,8 +39,6 @@ def written_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.suffix != ".safetensors":
         return {}
-    from safetensors import safe_open  # the safetensors dependency; only the header is read
-
     try:
         with safe_open(str(p), framework="pt") as f:
             text = (f.metadata() or {}).get(METADATA_KEY)
@@ -50,9 +52,6 @@ def written_config(path: str | Path) -> dict[str, Any]:
         cfg = None
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}: its '{METADATA_KEY}' metadata is not a JSON mapping of ViTConfig keys")
-    from ..model.config import ViTConfig
-    from ..model.fields import check_keys
-
     check_keys(cfg, "model config", ViTConfig, source=f"{p} metadata '{METADATA_KEY}'")
     return cfg
 

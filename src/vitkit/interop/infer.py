@@ -61,11 +61,13 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
     if pool == "cls" and "fc_norm.weight" in sd and "pool" not in known:
         raise ValueError(f"{source}: a class token and an fc_norm: what timm writes for global_pool='avg' with a class "
                          "token (the mean of the patch tokens), which vitkit does not have. If the model pools its "
-                         "class token (global_pool='token', fc_norm=True), pass pool='cls' (`vitkit import --pool cls`)")
+                         "class token (global_pool='token', fc_norm=True), pass pool='cls' "
+                         "(`vitkit import --pool cls`)")
     prefix = 1 if pool == "cls" else 0
     cfg: dict[str, Any] = dict(
         patch_size=ph if ph == pw else (ph, pw), in_chans=in_chans, embed_dim=dim, depth=depth,
-        num_heads=known["num_heads"] if "num_heads" in known else heads_for(dim, source) if depth else 1, pool=pool, qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        num_heads=known["num_heads"] if "num_heads" in known else heads_for(dim, source) if depth else 1,
+        pool=pool, qkv_bias="blocks.0.attn.qkv.bias" in sd,
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim if depth else 4.0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         fc_norm="fc_norm.weight" in sd, hybrid=hybrid,

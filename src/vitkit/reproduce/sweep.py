@@ -1,6 +1,7 @@
 """Running a claim's runs: each one an ordinary training run (the same planner, recipes and Trainer as ``vitkit
-train``), one after another in this process, its row appended to ``results.csv`` as soon as it ends. A sweep that is stopped continues where it
-stopped: finished runs (rows in the CSV) are not repeated, the run that was cut off resumes from its ``last/``."""
+train``), one after another in this process, its row appended to ``results.csv`` as soon as it ends. A sweep that
+is stopped continues where it stopped: finished runs (rows in the CSV) are not repeated, the run that was cut off
+resumes from its ``last/``."""
 from __future__ import annotations
 
 import csv
@@ -20,7 +21,9 @@ from tqdm import tqdm
 from ..model.config import to_2tuple
 from ..model.serialization import read_config
 from ..model.vit import VisionTransformer
+from ..training.plan import Sources, plan_run
 from ..training.runlog import read_metrics
+from ..training.trainer import Trainer
 
 
 
@@ -110,9 +113,6 @@ def train_flops_per_image(run_dir: Path) -> float:
 
 def execute(run: Run, out: Path) -> dict[str, Any]:
     """Train one run (resuming its folder if it was cut off) and return its row."""
-    from ..training.plan import Sources, plan_run
-    from ..training.trainer import Trainer
-
     run_dir = out / "runs" / run.id
     if run_dir.exists() and not (run_dir / "last").exists():
         shutil.rmtree(run_dir)  # cut off before its first checkpoint: nothing to resume, start it again

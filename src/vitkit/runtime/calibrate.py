@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import torch
 
+from .threads import usable_cores
+
 CUT = 1.5  # a candidate this much slower than the best after one timed call is dropped
 ROUNDS = 5  # timed calls per candidate at most (round-robin)
 BUDGET_S = 6.0  # ...or fewer, once this many seconds of timed calls have passed (two rounds at least)
@@ -148,8 +150,6 @@ def _cpu_name_and_flags() -> tuple[str, str]:
 def fingerprint(device: torch.device) -> dict[str, Any]:
     """What a calibration depends on besides the workload: the CPU (model name, a digest of its flags, the cores this
     process may use), the torch version, and the accelerator's name when the device is one."""
-    from .threads import usable_cores
-
     name, flags = _cpu_name_and_flags()
     fp = {"cpu": name, "flags": hashlib.sha1(flags.encode()).hexdigest()[:12], "cores": usable_cores(),
           "torch": torch.__version__, "device": device.type,

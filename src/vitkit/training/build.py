@@ -13,7 +13,7 @@ from ..interop.pretrained import load_init
 from ..model.config import to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
-from ..model.vit import VisionTransformer
+from ..model.vit import VisionTransformer, set_attention
 from ..runtime.compile import compile_for_training
 from .config import TrainConfig
 
@@ -57,11 +57,17 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     """``model`` as the training step calls it: the attention path and memory layout the config names (decided by
     the planner when ``auto``), wrapped in DDP when there are several processes, compiled if ``cfg.compile``. Its
     parameters are ``model``'s own."""
-    from .plan import apply_layout
-
     if cfg.needs_plan:
         raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
     apply_layout(model, cfg.attention, cfg.channels_last)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return compile_for_training(model, device, log) if cfg.compile else model
+
+
+def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:
+    """The attention implementation and the memory layout of the conv weights (a hybrid's stem, the patch
+    embedding's E) a run trains with."""
+    set_attention(model, attention)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)  # moves only 4-D tensors

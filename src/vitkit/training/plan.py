@@ -29,7 +29,6 @@ import torch.nn as nn
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits
 from ..model.config import to_2tuple
-from ..model.vit import set_attention
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name
@@ -37,7 +36,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import rank_and_world
 from ..runtime.precision import autocast_for
 from ..runtime.threads import choose_threads, threads_for_ranks
-from .build import build_data, build_model, preprocessing_for
+from .build import apply_layout, build_data, build_model, preprocessing_for
 from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
 from .optim import build_optimizer, freeze_body
 
@@ -275,14 +274,6 @@ class StepProbe:
         return step
 
 
-def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:
-    """The attention implementation and the memory layout of the conv weights (a hybrid's stem, the patch
-    embedding's E) a run trains with."""
-    set_attention(model, attention)
-    if channels_last:
-        model.to(memory_format=torch.channels_last)  # moves only 4-D tensors
-
-
 # ------------------------------------------------------------------------------------------ the planner
 def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | None = None,
          log: Callable[[str], None] = print, start_time: float | None = None, refresh: bool = False,
@@ -458,12 +449,14 @@ def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], 
     if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
         return False, (f"compile: off (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; saves "
                        f"~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
-    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves ~{gain_s:.0f} "
-                  f"s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache is warm)")
+    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
+                  f"~{gain_s:.0f} s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache "
+                  "is warm)")
 
 
 def _steps_per_epoch(cfg: TrainConfig, probe: StepProbe) -> int:
-    return max(1, probe.n_train // (cfg.batch_size * cfg.grad_accum))
+    """Timed steps (forward and backward of one batch) an epoch takes: micro-batches, with accumulation."""
+    return max(1, probe.n_train // cfg.batch_size)
 
 
 def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device) -> Calibration:
