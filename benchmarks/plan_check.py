@@ -14,6 +14,7 @@ import time
 import torch
 
 import vitkit
+from vitkit.model.vit import set_attention
 from vitkit.runtime.cpu import machine_name
 from vitkit.runtime.inference import inference_candidates
 from vitkit.runtime.precision import DTYPES
@@ -79,5 +80,7 @@ for model_name in args.infer:
     makers = {}
     for c in inference_candidates(CPU):
         fast = vitkit.optimize_for_inference(model, dtype=None if c["dtype"] == "fp32" else DTYPES[c["dtype"]])
-        makers[c["dtype"]] = lambda fast=fast: (lambda: fast(x))
-    report(f"inference, {model_name} batch {args.batch}", auto.precision, by_hand(makers, 1))
+        set_attention(fast.model, c["attention"])
+        makers[f"{c['dtype']} {c['attention']}"] = lambda fast=fast: (lambda: fast(x))
+    chosen = f"{auto.precision} {auto.model.blocks[0].attn.impl}"
+    report(f"inference, {model_name} batch {args.batch}", chosen, by_hand(makers, 1))

@@ -144,7 +144,7 @@ def _serve(limits):  # type: ignore[no-untyped-def]
     app = create_app(Predictor(model, {"mean": [0.5] * 3, "std": [0.5] * 3}, limits))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", limit_concurrency=limits.max_connections))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", limit_concurrency=4 * limits.max_connections + 64))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -163,7 +163,7 @@ def test_serve_closes_slow_uploads_and_answers_busy_past_its_queue():
         while b"}" not in answer:  # headers and the JSON body may come in two packets
             answer += slow.recv(4096)
         answer = answer.decode()
-        assert answer.startswith("HTTP/1.1 408") and "took longer than 1 s" in answer
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive in time" in answer
         slow.close()
         import httpx
 
@@ -310,3 +310,33 @@ def test_serve_on_port_0_says_the_real_port_and_answers_malformed_uploads_plainl
         server.terminate()
         out = server.communicate(timeout=20)[0]
     assert "Traceback" not in out, out
+
+
+def test_connections_that_send_headers_and_no_body_neither_block_the_page_nor_get_plain_text():
+    """64 connections that send a request's headers and nothing more: each is closed after its first-byte timeout,
+    uploads past the limit are told "busy" in JSON with Retry-After, and the page is served all along."""
+    import httpx
+
+    from vitkit.serving.predictor import Limits
+
+    server, port = _serve(Limits(first_byte_timeout_s=1.0, max_connections=8))
+    held = []
+    try:
+        for _ in range(64):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"POST /api/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                      b"Content-Length: 1000\r\n\r\n")
+            held.append(s)
+        time.sleep(0.3)
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/api/info", timeout=5).status_code == 200
+        upload = {"file": ("a.png", _png(Image.new("RGB", (8, 8))))}
+        r = httpx.post(f"http://127.0.0.1:{port}/api/predict", files=upload, timeout=5)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["busy"]
+        time.sleep(1.5)  # the held uploads time out at their first byte and free their slots
+        r = httpx.post(f"http://127.0.0.1:{port}/api/predict", files=upload, timeout=10)
+        assert r.status_code == 200 and len(r.json()["top"]) == 3
+    finally:
+        for s in held:
+            s.close()
+        server.should_exit = True

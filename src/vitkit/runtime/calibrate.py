@@ -27,8 +27,8 @@ import torch
 from .threads import usable_cores
 
 CUT = 1.5  # a candidate this much slower than the best after one timed call is dropped
-ROUNDS = 5  # timed calls per candidate at most (round-robin)
-BUDGET_S = 6.0  # ...or fewer, once this many seconds of timed calls have passed (two rounds at least)
+ROUNDS = 4  # timed calls per candidate at most (round-robin)
+BUDGET_S = 2.5  # ...or fewer, once this many seconds of timed calls have passed (two rounds at least)
 CACHE_VERSION = 1
 
 

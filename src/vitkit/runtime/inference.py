@@ -4,7 +4,7 @@
   16 on an AMX CPU: 41 vs 32 img/s) is the faster of the two *timed here* on the model's own forward, cached per
   machine (runtime/calibrate.py): bf16 was 3x faster than fp32 on one CPU with AVX512-BF16 and half as fast on
   another with the same flag.
-- PyTorch's fused attention (SDPA): the faster inference path on every device measured.
+- The attention path (PyTorch's fused SDPA, or the exact two matmuls and softmax) timed with the dtype.
 - Optionally torch.compile with Inductor's max-autotune and freezing, and on CPUs with AMX vitkit's own attention
   kernel (kernels/), 1.6x SDPA for the attention alone.
 """
@@ -20,6 +20,7 @@ import torch.nn as nn
 from ..model.vit import ATTENTION_KERNELS, register_attention, set_attention
 from . import kernels
 from .calibrate import Calibration, calibrate
+from .cpu import reports_bf16_unit
 from .precision import DTYPES, precision_of
 
 
@@ -37,28 +38,29 @@ CALIBRATION_BATCH = 32
 
 
 def inference_candidates(device: torch.device) -> list[dict[str, str]]:
-    """The weights' dtypes worth timing on ``device``; CPU flags only order them (see training/plan.py)."""
+    """The weights' dtypes and attention paths worth timing on ``device``; CPU flags only order them (see
+    training/plan.py). The exact path (two matmuls and a softmax) beat PyTorch's fused attention for bf16 ViT-B/16
+    inference on an AMD EPYC with AVX512-BF16 (9.43 against 8.97 img/s, batch 16), so both are candidates."""
     if device.type == "cuda":
-        return [{"dtype": "bf16"}, {"dtype": "fp32"}] if torch.cuda.is_bf16_supported() else \
-            [{"dtype": "fp16"}, {"dtype": "fp32"}]
-    if device.type == "cpu":
-        from .cpu import reports_bf16_unit
-
-        return [{"dtype": "bf16"}, {"dtype": "fp32"}] if reports_bf16_unit() else [{"dtype": "fp32"}, {"dtype": "bf16"}]
-    return [{"dtype": "fp32"}]
+        dtypes = ["bf16", "fp32"] if torch.cuda.is_bf16_supported() else ["fp16", "fp32"]
+    elif device.type == "cpu":
+        dtypes = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
+    else:
+        dtypes = ["fp32"]
+    return [{"dtype": d, "attention": a} for d in dtypes for a in ("sdpa", "exact")]
 
 
 def choose_inference_dtype(model: nn.Module, batch_size: int = 8, refresh: bool = False
                            ) -> tuple[torch.dtype | None, Calibration]:
     """The faster weights' dtype for ``model``'s forward on its device at ``batch_size`` (None: fp32), timed here
-    (cached per machine and model shape) and the timings."""
+    (cached per machine and model shape) and the timings (``.best.settings["attention"]``: the faster path)."""
     device = next(model.parameters()).device
     c = model.config
     x = torch.randn(batch_size, c.in_chans, *_hw(c.img_size), device=device)
 
     def make(s: dict[str, str]) -> Callable[[], object]:
         m = copy.deepcopy(model).eval().to(DTYPES[s["dtype"]])
-        set_attention(m, "sdpa")
+        set_attention(m, s["attention"])
         xs = x.to(DTYPES[s["dtype"]])
 
         def forward() -> object:
@@ -86,27 +88,28 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None | str = "
                            compile: bool = False, cpu_kernel: bool | None = None,
                            batch_size: int = 8) -> "InferenceModel":
     """A copy of ``model`` in eval mode for the fastest inference on its device: weights in ``dtype`` (``"auto"``,
-    the default: the faster of fp32 and bf16 timed here at ``batch_size``, cached; None: fp32; or a torch dtype),
-    fused attention, and optionally torch.compile. Inputs may be fp32: they are cast on entry; logits come back in
+    the default: the fastest of fp32 and bf16, each with fused or exact attention, timed here at ``batch_size`` and
+    cached; None: fp32; or a torch dtype, with fused attention), and optionally torch.compile. Inputs may be fp32: they are cast on entry; logits come back in
     fp32. ``.calibration`` holds the timings when the dtype was chosen here.
 
     ``cpu_kernel``: run attention with vitkit's AMX kernel where it applies (bf16 on a CPU with AMX, a C++ compiler
     at hand); None (default) uses it when compiling, the mode that already pays a start-up cost (building the
     kernel takes ~22 s once per machine)."""
     device = next(model.parameters()).device
-    cal = None
+    cal, attention = None, "sdpa"
     if isinstance(dtype, str):
         if dtype != "auto":
             raise ValueError(f"dtype must be 'auto', None or a torch dtype, got {dtype!r}")
         # timed at no more than CALIBRATION_BATCH images: an evaluation's batch of 256 would take minutes in fp32 on a
         # ViT-B/16, and the per-image cost is flat past a few dozen images on a CPU
         dtype, cal = choose_inference_dtype(model, min(batch_size, CALIBRATION_BATCH))
+        attention = cal.best.settings.get("attention", "sdpa") if cal is not None else "sdpa"
     m = copy.deepcopy(model).eval()
     for p in m.parameters():
         p.requires_grad_(False)
     if dtype is not None:
         m = m.to(dtype)
-    set_attention(m, "sdpa")
+    set_attention(m, attention)
     if (compile if cpu_kernel is None else cpu_kernel) and dtype == torch.bfloat16 and device.type == "cpu":
         use_cpu_attention_kernel(m)
     if not compile:

@@ -53,31 +53,49 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
 
     limits = predictor.limits
     batcher = Batcher(predictor.predict_batch, predictor.workers, limits.max_batch, limits.max_queue)
+    uploading = [0]  # uploads being received or predicted now
+
+    def busy() -> JSONResponse:
+        return JSONResponse({"error": "the server is busy; retrying in a moment", "busy": True}, status_code=503,
+                            headers={"Retry-After": "1"})
 
     @app.post("/api/predict")
     async def predict(request: Request) -> Response:
+        if uploading[0] >= limits.max_connections:  # said at once, in JSON the page understands
+            return busy()
+        uploading[0] += 1
+        try:
+            return await _predict(request)
+        finally:
+            uploading[0] -= 1
+
+    async def _predict(request: Request) -> Response:
         # read the body ourselves, stopping at the limit: the client's filename is never looked at
         length = int(request.headers.get("content-length") or 0)
         limit = limits.max_bytes
         if length > limit + 64 * 1024:
             return error(f"upload is {length / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB", 413)
         body = bytearray()
+        stream = request.stream().__aiter__()
         try:
             async with asyncio.timeout(limits.body_timeout_s):  # a slow or stalled upload does not hold a slot
-                async for chunk in request.stream():
+                async with asyncio.timeout(limits.first_byte_timeout_s):  # nor do headers with no body after them
+                    chunk = await anext(stream, b"")
+                while chunk:
                     body += chunk
                     if len(body) > limit + 64 * 1024:
                         return error(f"upload is larger than the limit of {limit / 1e6:.0f} MB", 413)
+                    chunk = await anext(stream, b"")
         except TimeoutError:
-            return error(f"the upload took longer than {limits.body_timeout_s:g} s; try again or a smaller file", 408)
+            return error(f"the upload did not arrive in time ({limits.first_byte_timeout_s:g} s to start, "
+                         f"{limits.body_timeout_s:g} s in all); try again or a smaller file", 408)
         except ClientDisconnect:  # the client left: nobody to answer, nothing to log
             return Response(status_code=400)
         try:
             data = _file_part(bytes(body), request.headers.get("content-type", ""))
             return JSONResponse(await batcher.submit(data))
         except Busy:
-            return JSONResponse({"error": "the server is busy; retry in a moment"}, status_code=503,
-                                headers={"Retry-After": "1"})
+            return busy()
         except UploadError as e:
             return error(str(e), e.status)
 
@@ -100,7 +118,8 @@ def _file_part(body: bytes, content_type: str) -> bytes:
 def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ignore[no-untyped-def]
           on_ready: Callable[[str], None] = print) -> None:
     """Serve until interrupted. The socket is bound first, so ``on_ready`` is told the real address (``port`` 0
-    picks a free one). Connections past ``limits.max_connections`` are answered 503 by uvicorn."""
+    picks a free one). Uploads past ``limits.max_connections`` are answered by the app (JSON 503 with Retry-After);
+    uvicorn's own limit, which answers in plain text, is set far above it to bound memory only."""
     import uvicorn  # optional: the serve extra
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -109,7 +128,7 @@ def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ig
     sock.bind((host, port))
     real_port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(predictor, examples), log_level="warning", timeout_keep_alive=5,
-                            limit_concurrency=predictor.limits.max_connections)
+                            limit_concurrency=4 * predictor.limits.max_connections + 64)
     on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{real_port}")
     uvicorn.Server(config).run(sockets=[sock])
 

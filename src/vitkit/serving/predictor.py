@@ -34,10 +34,12 @@ class Limits:
     max_bytes: int = 10 * 1024 * 1024
     max_pixels: int = 40_000_000  # a 40-megapixel photo decodes; a decompression bomb does not
     body_timeout_s: float = 30.0  # the whole upload must arrive within this
+    first_byte_timeout_s: float = 5.0  # ... and its first bytes within this: headers and no body do not hold a slot
     workers: int | None = None  # batches predicted at once; None: the usable cores / the threads each batch uses
     max_batch: int = 16  # uploads waiting together are predicted in one forward pass of up to this many
     max_queue: int = 64  # predictions waiting or running; beyond it "busy, retry" (503)
-    max_connections: int = 64  # open connections; beyond it uvicorn answers 503
+    max_connections: int = 64  # uploads in progress at once; beyond it "busy, retry" (JSON 503 + Retry-After), while
+    # the page and /api/info are still served (uvicorn's own limit, far above, only bounds memory)
 
 
 def decode_upload(data: bytes, limits: Limits) -> Image.Image:

@@ -78,8 +78,8 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The short table printed at the start of the run."""
-        spent = "all cached" if self.calibrations and all(c.cached for c in self.calibrations) else \
-            f"{self.seconds:.1f} s"
+        cached = bool(self.calibrations) and all(c.cached for c in self.calibrations)
+        spent = f"{self.seconds:.1f} s" + (", every timing cached" if cached else "")
         out = [f"plan: {self.machine}, torch {torch.__version__}, {self.device} (planning {spent}; "
                "`vitkit calibrate` refreshes)"]
         for c in self.calibrations:
@@ -125,6 +125,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
             saved = safe_yaml(run_dir / "config.yaml")
+            saved.pop("few_epochs", None)  # a run folder of vitkit before tiers: that key was decided already
             given["resume"] = str(run_dir)
             given.setdefault("output", str(run_dir))
         else:
