@@ -21,7 +21,7 @@ MODELS = {
 }
 FORMATS = ("safetensors", "timm", "hf", "jax", "onnx")
 # what a format cannot hold: refused by name at export, never written wrong
-CANNOT = {("timm", "hybrid"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"), ("hf", "sincos"),
+CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"), ("hf", "sincos"),
           ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
 
 
@@ -74,7 +74,8 @@ def test_every_format_round_trips_or_is_refused_by_name(tmp_path, capsys, name):
     for fmt in FORMATS:
         if fmt == "onnx" and name not in ("heads4", "non-square", "hybrid"):
             continue  # ONNX exports take seconds each: one plain, one non-square, one hybrid
-        out = tmp_path / f"out.{fmt}" if fmt != "hf" else tmp_path / "out-hf"
+        suffix = {"timm": "safetensors", "jax": "npz"}.get(fmt, fmt)
+        out = tmp_path / f"out-{fmt}.{suffix}" if fmt != "hf" else tmp_path / "out-hf"
         capsys.readouterr()
         code = main(["export", "--checkpoint", str(src), "--format", fmt, "--out", str(out)])
         err = capsys.readouterr().err

@@ -123,6 +123,10 @@ def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
     if not cfg.resume and out.exists() and any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
         raise FileExistsError(f"{out} already holds a run; use --resume auto to continue it, or another --output "
                               "(nothing was overwritten)")
+    theirs = [n for n in ("config.yaml", "plan.json", "curves.png") if (out / n).exists()]
+    if not cfg.resume and theirs:  # e.g. `--config exp1/config.yaml --output exp1`: the user's own file
+        raise FileExistsError(f"{out} already has {', '.join(theirs)}, which a run writes: choose another --output "
+                              "(nothing was overwritten)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,9 +52,12 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
     w = sd["patch_embed.proj.weight"]
     dim, in_chans, ph, pw = w.shape
     hybrid = known.get("hybrid", resnetv2_spec(sd))
-    if hybrid:
+    if hybrid and hybrid.startswith("resnetv2"):
         root = "patch_embed.backbone." + ("stem." if hybrid != "resnetv2:" else "")
         in_chans = sd[root + "conv.weight"].shape[1]
+    elif hybrid:  # vitkit's own conv stems: the first filter bank's input channels
+        first = next((v for k, v in sd.items() if k.startswith("patch_embed.backbone.") and v.ndim == 4), None)
+        in_chans = first.shape[1] if first is not None else in_chans
     stride = hybrid_stride(hybrid) if hybrid else 1
     depth = len({m.group(1) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))})
     pool = known.get("pool") or ("cls" if "cls_token" in sd else "map" if "attn_pool.latent" in sd else "gap")

@@ -55,6 +55,9 @@ def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:
     if c.hybrid and not c.hybrid.startswith("resnetv2"):
         raise ValueError(f"hybrid={c.hybrid!r}: only the official R+ViT hybrids (hybrid='resnetv2:...') have a timm "
                          "equivalent; export safetensors or onnx instead")
+    if c.pos_embed == "sincos2d":
+        raise ValueError("pos_embed='sincos2d': timm's VisionTransformer has no fixed sin-cos position embedding, so "
+                         "its reader would make one up; export safetensors (vitkit reads it back) or onnx instead")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .threads import cores_text
+
 
 @functools.cache
 def _cpuinfo() -> tuple[str, frozenset[str]]:
@@ -75,8 +77,6 @@ def machine_name(device: torch.device) -> str:
     """The machine a measurement was taken on: the CPU kind and cores, or the GPU's name."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from .threads import cores_text
-
     return f"{cpu_kind()} ({cores_text()})"
 
 

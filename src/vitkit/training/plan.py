@@ -27,18 +27,22 @@ import torch
 import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
-from ..data.datasets import DataSplits
+from ..data.datasets import DataSplits, default_cache_dir, load_dataset
+from ..interop.pretrained import init_image_size
 from ..model.config import to_2tuple
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
-from ..runtime.cpu import machine_name
+from ..runtime.cpu import machine_name, reports_bf16_unit
 from ..runtime.device import resolve_device
 from ..runtime.distributed import rank_and_world
 from ..runtime.precision import autocast_for
 from ..runtime.threads import choose_threads, threads_for_ranks
+from .budget import usable_seconds
 from .build import apply_layout, build_data, build_model, preprocessing_for
+from .checkpoint import recover_run
 from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
 from .optim import build_optimizer, freeze_body
+from .recipes import choose_recipe, flips_change_labels
 
 # Compile is timed only where a run could repay twice its compile time at this gain over the eager step (what the
 # Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x; 1.12x in bf16
@@ -109,11 +113,6 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             progress: Callable | None = None) -> tuple[TrainConfig, DataSplits | None, str | None]:
     """The layered TrainConfig (``auto`` still in it), the data if it had to be read to choose the recipe, and the
     recipe's name. Tiers keep none of the settings the user gave (the user's file and flags win there too)."""
-    from ..data.datasets import default_cache_dir, load_dataset
-    from ..interop.pretrained import init_image_size
-    from .checkpoint import recover_run
-    from .recipes import choose_recipe, flips_change_labels
-
     given = dict(src.given)
     file_cfg = read_yaml(src.config_file) if src.config_file else {}
     resume = given.get("resume") or file_cfg.get("resume")
@@ -220,8 +219,6 @@ def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True)
     elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
         precisions = ["fp32"]
     elif device.type in ("cpu", "cuda"):
-        from ..runtime.cpu import reports_bf16_unit
-
         precisions = ["bf16", "fp32"] if device.type == "cuda" or reports_bf16_unit() else ["fp32", "bf16"]
     else:
         precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
@@ -363,8 +360,6 @@ def _describe_model(model: nn.Module) -> str:
 
 
 def _budget_left(cfg: TrainConfig, start_time: float) -> float:
-    from .budget import usable_seconds
-
     return usable_seconds(cfg.time_limit) - (time.time() - start_time)
 
 
@@ -480,7 +475,7 @@ def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device
 
 def _from_rank0(cfg: TrainConfig, p: Plan, device: torch.device) -> TrainConfig:
     """Every rank takes rank 0's decisions (ranks time themselves differently)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # only under torchrun
 
     obj = [{"cfg": cfg.to_dict(), "chosen": p.chosen, "notes": p.notes, "tier": p.tier}]
     dist.broadcast_object_list(obj, src=0)

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+
+LOCK_NAME = ".vitkit-run.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 class RunLog:
@@ -16,6 +30,7 @@ class RunLog:
         self.out = out if enabled else None
         self.log = log
         self.writer: Any = None
+        self.locked: Path | None = None
 
     def open(self, config: dict[str, Any], plan: Any = None) -> None:
         """Create the folder, write the resolved config and the plan (``plan.json``: how each ``auto`` was decided)
@@ -23,6 +38,7 @@ class RunLog:
         if self.out is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
+        self._lock()
         (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         if plan is not None and not (self.out / "plan.json").exists():
             plan.save(self.out)
@@ -32,6 +48,31 @@ class RunLog:
             self.writer = SummaryWriter(str(self.out / "tb"))
         except ImportError:  # tensorboard is a dependency, but a broken install should not stop training
             self.log("tensorboard not importable: no TensorBoard events")
+
+    def _lock(self) -> None:
+        """Hold the run folder for this process (``.vitkit-run.lock`` with its pid, created exclusively): a second
+        run into the same folder is refused while this one lives, instead of interleaving the metrics and taking
+        over best/. A lock whose process is gone (killed) is taken over."""
+        assert self.out is not None
+        lock = self.out / LOCK_NAME
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    pid = int(lock.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _alive(pid):
+                    raise FileExistsError(f"{self.out} is being written by another vitkit run (process {pid}); "
+                                          "wait for it, or choose another --output") from None
+                lock.unlink(missing_ok=True)  # its process is gone: a stale lock
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self.locked = lock
+            return
+        raise FileExistsError(f"{self.out}: could not take {LOCK_NAME}")
 
     def epoch(self, row: dict[str, Any]) -> None:
         """One epoch's metrics: a line of ``metrics.jsonl`` and TensorBoard scalars at ``row["step"]``."""
@@ -52,6 +93,9 @@ class RunLog:
         if self.writer is not None:
             self.writer.close()
         plot_curves(self.out / "metrics.jsonl", self.out / "curves.png")
+        if self.locked is not None:
+            self.locked.unlink(missing_ok=True)
+            self.locked = None
 
 
 def read_metrics(metrics_jsonl: Path) -> list[dict[str, Any]]:
