@@ -207,3 +207,23 @@ def test_a_users_config_in_the_output_folder_is_never_overwritten(tmp_path, caps
     assert main(["train", "--config", str(out / "config.yaml"), "--output", str(out)]) == 2
     assert "already has config.yaml" in capsys.readouterr().err
     assert (out / "config.yaml").read_text() == mine
+
+
+def test_a_full_disk_is_said_in_words_and_the_last_good_checkpoint_kept(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--depth", "1", "--output", str(out)]) == 0
+    before = (out / "last" / "model.safetensors").read_bytes()
+    real_save = torch.save
+
+    def full(obj, f, *a, **k):  # what torch.save raises when the disk fills mid-write
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 0 vs 1; basic_ios::clear: "
+                           "iostream error")
+
+    monkeypatch.setattr(torch, "save", full)
+    assert main(["train", "--epochs", "2", "--depth", "1", "--output", str(out), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "could not write the last/ checkpoint" in err and "The previous last/ is kept" in err
+    assert "Traceback" not in err and "iostream error" in err
+    monkeypatch.setattr(torch, "save", real_save)
+    assert (out / "last" / "model.safetensors").read_bytes() == before  # the last good one survived
+    assert not list(out.glob(".last.*"))

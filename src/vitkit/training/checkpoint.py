@@ -6,6 +6,7 @@ or the new one, never a broken one. ``train_state.pt`` holds only tensors and pl
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -31,10 +32,19 @@ def save_checkpoint(run_dir: Path, name: str, model: VisionTransformer, preproce
                     train_state: dict[str, Any] | None = None) -> Path:
     final, new, old = run_dir / name, run_dir / f".{name}.new", run_dir / f".{name}.old"
     shutil.rmtree(new, ignore_errors=True)
-    save_pretrained(model, new, **preprocessing)
-    if train_state is not None:
-        atomic_write(new / STATE_NAME, lambda p: torch.save(train_state, p))
-    _fsync_dir(new)
+    try:
+        save_pretrained(model, new, **preprocessing)
+        if train_state is not None:
+            atomic_write(new / STATE_NAME, lambda p: torch.save(train_state, p))
+        _fsync_dir(new)
+    except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError, torch's "iostream error" or safetensors'
+        shutil.rmtree(new, ignore_errors=True)
+        free = shutil.disk_usage(run_dir).free
+        raise OSError(errno.ENOSPC if free < 64 * 1024 * 1024 else errno.EIO,
+                      f"could not write the {name}/ checkpoint in {run_dir} ({' '.join(str(e).split())[:120]}); "
+                      f"{free / 1e6:.1f} MB free there" + (": no space left on the device" if free < 64 * 1024 * 1024
+                                                             else "") +
+                      f". The previous {name}/ is kept; free some space, then --resume auto") from None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
