@@ -227,3 +227,18 @@ def test_a_full_disk_is_said_in_words_and_the_last_good_checkpoint_kept(tmp_path
     monkeypatch.setattr(torch, "save", real_save)
     assert (out / "last" / "model.safetensors").read_bytes() == before  # the last good one survived
     assert not list(out.glob(".last.*"))
+
+
+def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    jpg = tmp_path / "cat.jpg"
+    Image.new("RGB", (8, 8)).save(jpg)
+    assert main(["import", "--from", "timm", str(jpg), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "a JPEG image, not a weights file" in err and "unpickl" not in err
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=3)
+    f = tmp_path / "t.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(f))
+    assert main(["import", "--from", "hf", str(f), "--out", str(tmp_path / "b")]) == 2
+    assert "timm's names" in capsys.readouterr().err

@@ -14,11 +14,21 @@ from ..model.fields import check_keys
 from ..model.serialization import CONFIG_NAME, read_safetensors, torch_load_safely
 
 
+IMAGE_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
+               (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
 def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
     """A state dict from safetensors, or from a torch pickle read with ``weights_only=True`` (never executes code)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found")
+    with open(p, "rb") as f:
+        head = f.read(12)
+    kind = next((k for magic, k in IMAGE_MAGIC if head.startswith(magic)), None)
+    if kind or head[8:12] == b"WEBP":
+        raise ValueError(f"{p}: a {kind or 'WebP'} image, not a weights file; weights are .safetensors, .pth/.pt/.bin, "
+                         ".npz or a folder")
     if p.suffix == ".safetensors":
         return read_safetensors(p)
     obj = torch_load_safely(p)

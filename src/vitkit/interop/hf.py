@@ -42,6 +42,9 @@ def hf_config_to_vitkit(hc: dict[str, Any], num_classes: int) -> ViTConfig:
 
 def hf_to_vitkit(sd: dict[str, torch.Tensor], source: str = "Hugging Face weights") -> dict[str, torch.Tensor]:
     """HF names -> vitkit names; query/key/value are concatenated into one qkv projection."""
+    if "patch_embed.proj.weight" in sd and not any(k.startswith(("vit.", "embeddings.", "encoder.")) for k in sd):
+        raise ValueError(f"{source}: timm's names (patch_embed.proj.weight, blocks.N...), not Hugging Face's: read it "
+                         "with --from timm (or let vitkit detect the format)")
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, v in sd.items():
