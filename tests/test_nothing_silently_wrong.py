@@ -242,3 +242,12 @@ def test_files_of_the_wrong_kind_are_named_for_what_they_are(tmp_path, capsys):
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(f))
     assert main(["import", "--from", "hf", str(f), "--out", str(tmp_path / "b")]) == 2
     assert "timm's names" in capsys.readouterr().err
+
+
+def test_the_pretrained_table_fits_a_terminal():
+    from vitkit.cli.models_cmd import _table
+
+    rows = [["name", "source"], ["vit_base_patch16_224.augreg2_in21k_ft_in1k", "https://example.org/" + "x" * 200]]
+    lines = _table(rows, columns=100).splitlines()
+    assert all(len(line) <= 100 for line in lines) and lines[1].endswith("…")
+    assert _table(rows).splitlines()[1].endswith("x" * 10)  # a pipe gets whole lines
