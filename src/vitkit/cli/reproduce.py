@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vitkit reproduce: error: {e} (the runs before it are kept: run the same command again to continue)",
               file=sys.stderr)
         return 1
-    figure(claim, rows, out / "figure.png")
+    figure(claim, rows, out / "figure.png", args.quick)
     (out / "summary.md").write_text(summary(claim, rows, time.time() - start, args.quick, budget, command))
     print(f"wrote {out / 'results.csv'}, {out / 'figure.png'}, {out / 'summary.md'}")
     print(claim.verdict(rows))

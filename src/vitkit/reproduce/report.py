@@ -11,7 +11,7 @@ from ..runtime.threads import cores_text
 from .claims import Claim, num
 
 
-def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
+def figure(claim: Claim, rows: list[dict[str, Any]], path: Path, quick: bool = False) -> None:
     import matplotlib  # ≈0.5 s to import: only when a figure is drawn
 
     matplotlib.use("Agg")
@@ -49,7 +49,8 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path) -> None:
         ax.tick_params(axis="x", rotation=20)
         ax.set_xlabel("run (grey: the CIFAR-10 pre-training, on its own test set)")
     ax.set_ylabel("test top-1 (%)")
-    ax.set_title(claim.title, fontsize=10)
+    ax.set_title(claim.title + (" (--quick: checks the machinery, says nothing about the claim)" if quick else ""),
+                 fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
