@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from .cpu import cpuinfo
 from .threads import usable_cores
 
 CUT = 1.5  # a candidate this much slower than the best after one timed call is dropped
@@ -137,21 +138,12 @@ def time_candidates(what: str, candidates: list[dict[str, Any]], make: Callable[
 
 
 # ------------------------------------------------------------------------------------------ the machine and cache
-def _cpu_name_and_flags() -> tuple[str, str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return platform.processor() or platform.machine(), ""
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("flags")), "")
-    return name or platform.machine(), flags
-
-
 def fingerprint(device: torch.device) -> dict[str, Any]:
     """What a calibration depends on besides the workload: the CPU (model name, a digest of its flags, the cores this
     process may use), the torch version, and the accelerator's name when the device is one."""
-    name, flags = _cpu_name_and_flags()
-    fp = {"cpu": name, "flags": hashlib.sha1(flags.encode()).hexdigest()[:12], "cores": usable_cores(),
+    name, flags = cpuinfo()
+    fp = {"cpu": name or platform.processor() or platform.machine(),
+          "flags": hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:12], "cores": usable_cores(),
           "torch": torch.__version__, "device": device.type,
           "capability": torch.backends.cpu.get_cpu_capability()}  # changes under a cpuid mask (as_cpu_kind.sh)
     if device.type == "cuda":

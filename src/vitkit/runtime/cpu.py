@@ -12,7 +12,7 @@ from .threads import cores_text
 
 
 @functools.cache
-def _cpuinfo() -> tuple[str, frozenset[str]]:
+def cpuinfo() -> tuple[str, frozenset[str]]:
     """(model name, flags) from /proc/cpuinfo; ("", empty) where there is none (macOS, Windows)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -52,7 +52,7 @@ def _hidden() -> frozenset[str]:
 def cpu_kind() -> str:
     """e.g. ``"AMD EPYC, AVX2"``, ``"Intel Xeon, AVX-512"``, ``"Intel Xeon, AMX + AVX512-BF16"``: what the CPU
     reports, which names it in tables; never what is fast on it (runtime/calibrate.py times that)."""
-    name, flags = _cpuinfo()
+    name, flags = cpuinfo()
     vendor = " ".join(name.replace("(R)", "").replace("(TM)", "").split()[:2]) or platform.processor() \
         or platform.machine()
     if flags:
@@ -82,7 +82,7 @@ def machine_name(device: torch.device) -> str:
 
 def cpu_kind_short() -> str:
     """A column-friendly form: ``amd-avx2``, ``intel-avx512``, ``intel-amx``, ``amd-avx512bf16``."""
-    name, flags = _cpuinfo()
+    name, flags = cpuinfo()
     flags -= _hidden()  # the kind as run (benchmarks/as_cpu_kind.sh)
     vendor = "amd" if "AMD" in name else "intel" if "Intel" in name else platform.machine().lower()
     unit = next((key for f, _, key in UNITS if f in flags), torch.backends.cpu.get_cpu_capability().lower())

@@ -103,11 +103,6 @@ class Sources:
     model_args: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
 
-    def users(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(the keys the user set in the file or flags, the model keys they set)."""
-        file_cfg = read_yaml(self.config_file) if self.config_file else {}
-        return {**file_cfg, **self.given}, {**file_cfg.get("model_args", {}), **self.model_args}
-
 
 def resolve(src: Sources, say: Callable[[str], None] = print,
             progress: Callable | None = None) -> tuple[TrainConfig, DataSplits | None, str | None]:
