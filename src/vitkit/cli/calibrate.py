@@ -11,7 +11,7 @@ from . import train
 def add_parser(p: argparse.ArgumentParser) -> None:
     train.add_parser(p)
     p.add_argument("--inference-batch", dest="_inference_batch", type=int, default=8,
-                   help="also time the inference dtypes of the run's model at this batch (0: skip)")
+                   help="also time the inference dtypes of the run's model at this batch (at most 32; 0: skip)")
     p.add_argument("--keep-cache", dest="_keep_cache", action="store_true",
                    help="use cached timings where there are any (default: time everything again and replace them)")
 
@@ -19,7 +19,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     start = time.time()
     from ..runtime.calibrate import cache_file
-    from ..runtime.inference import choose_inference_dtype
+    from ..runtime.inference import CALIBRATION_BATCH, choose_inference_dtype
     from ..training.build import build_data
     from ..training.plan import _probe, make_plan, resolve
 
@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, p = make_plan(cfg, data, recipe, print, start, refresh=not args._keep_cache)
     if args._inference_batch > 0:
         model = _probe(cfg, data, _device(cfg)).model
-        dtype, cal = choose_inference_dtype(model, args._inference_batch, refresh=not args._keep_cache)
+        batch = min(args._inference_batch, CALIBRATION_BATCH)  # as optimize_for_inference times it (and memory bounded)
+        dtype, cal = choose_inference_dtype(model, batch, refresh=not args._keep_cache)
         print(f" {cal.what}{' (cached)' if cal.cached else ''}:\n{cal.table()}")
     print(f"cache: {cache_file()}")
     return 0
