@@ -251,3 +251,23 @@ def test_the_pretrained_table_fits_a_terminal():
     lines = _table(rows, columns=100).splitlines()
     assert all(len(line) <= 100 for line in lines) and lines[1].endswith("…")
     assert _table(rows).splitlines()[1].endswith("x" * 10)  # a pipe gets whole lines
+
+
+def test_serve_overlay_is_drawn_over_the_crop_the_model_saw():
+    """A 3:1 photo for a model with a centre crop: the overlay is the square the model looked at (it was the whole
+    photo, with the crop's attention map stretched over it)."""
+    import base64
+    import io
+
+    from vitkit.serving.predictor import Predictor
+
+    model = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                                      num_classes=3)).eval()
+    pre = {"mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9, "crop_mode": "center", "interpolation": "bicubic"}
+    photo = Image.new("RGB", (300, 100), "white")
+    photo.paste((255, 0, 0), (0, 0, 100, 100))  # the left third red: the centre crop never sees it
+    buf = io.BytesIO()
+    photo.save(buf, format="PNG")
+    out = Predictor(model, pre, threads=1)(buf.getvalue())
+    drawn = Image.open(io.BytesIO(base64.b64decode(out["overlay"].split(",", 1)[1])))
+    assert drawn.size == (256, 256)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import zipfile
 from pathlib import Path
@@ -285,3 +286,40 @@ def test_finetune_recipe_end_to_end_on_ants_bees(tmp_path):
     base = vitkit.create_model(name, pretrained=str(tmp_path / "saved" / "model.safetensors"))
     probe = vitkit.from_pretrained(tmp_path / "probe" / "last")
     assert torch.equal(probe.blocks[0].attn.qkv.weight, base.blocks[0].attn.qkv.weight)  # the body stayed frozen
+    _check_one_preprocessing(tmp_path / "ft" / "last", tmp_path / "ft" / "config.yaml")
+
+
+def _check_one_preprocessing(ckpt: Path, run_config: Path) -> None:
+    """Training and eval see each validation photo as predict (and serve) do: the publisher's resize + centre crop
+    (timm's own transform the reference), not every photo squashed to the folder's most common shape (43x64 here:
+    eval and predict then disagreed on 16 of 153 photos)."""
+    import timm.data
+    import yaml
+
+    from vitkit.cli.predict import predict
+    from vitkit.data.preprocess import normalizer
+    from vitkit.training.build import build_data
+    from vitkit.training.config import TrainConfig
+
+    model = vitkit.from_pretrained(ckpt).eval()
+    pre = model.preprocessing
+    assert pre["crop_pct"] == 0.9 and pre["interpolation"] == "bicubic"
+    cfg = TrainConfig.from_dict(yaml.safe_load(run_config.read_text()))
+    data = build_data(cfg)  # the training run's own loader, from its cache
+    assert data.img_size == (96, 96) and len(data.val) == 153
+    timm_tf = timm.data.create_transform(input_size=(3, 96, 96), crop_pct=0.9, interpolation="bicubic",
+                                         mean=(0, 0, 0), std=(1, 1, 1))
+    with zipfile.ZipFile(ANTS_BEES) as z, tempfile.TemporaryDirectory() as d:
+        names = sorted(n for n in z.namelist() if "/val/" in n and n.endswith(".jpg"))
+        z.extractall(d, names)
+        paths = [str(Path(d) / n) for n in names]  # sorted as the loader's classes, then files: ants, then bees
+        for i in (0, 80, 152):  # within JPEG-draft decoding of the timm transform (it decodes at full size)
+            ref = timm_tf(Image.open(paths[i]).convert("RGB"))
+            assert (data.val.images[i].float() / 255 - ref).abs().mean() < 0.02, paths[i]
+        with torch.no_grad():
+            ours = model(normalizer(pre, model.config).normalize(data.val.images))
+            got = predict(model, pre, paths, topk=1)
+    assert [g["top"][0]["index"] for g in got] == ours.argmax(-1).tolist()  # all 153, the same answer
+    assert torch.allclose(torch.softmax(ours, -1).max(-1).values,
+                          torch.tensor([g["top"][0]["prob"] for g in got]), atol=1e-4)
+

@@ -95,12 +95,13 @@ def add_data_flags(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS)
     g.add_argument("--cache-dir", default=argparse.SUPPRESS, help="decoded-dataset cache (default ~/.cache/vitkit)")
 
 
-def load_data_from_args(ns: argparse.Namespace, default: str = "digits"):  # type: ignore[no-untyped-def]
+def load_data_from_args(ns: argparse.Namespace, default: str = "digits",  # type: ignore[no-untyped-def]
+                        crop: dict[str, Any] | None = None):
     from ..data.datasets import default_cache_dir, load_dataset
 
     return load_dataset(getattr(ns, "dataset", None) or default, getattr(ns, "data_dir", None),
                         getattr(ns, "download", False), getattr(ns, "skip_bad_images", False),
-                        getattr(ns, "cache_dir", None) or default_cache_dir())
+                        getattr(ns, "cache_dir", None) or default_cache_dir(), crop=crop)
 
 
 def add_weights_flags(p: argparse.ArgumentParser) -> None:

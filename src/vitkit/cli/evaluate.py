@@ -44,6 +44,7 @@ def _run_dataset_defaults(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..data.images import crop_spec
     from ..data.preprocess import normalizer
     from ..inspect.plots import plot_confusion
     from ..runtime.inference import optimize_for_inference
@@ -57,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_weights(args, onnx=True, **({"img_size": args.img_size} if args.img_size else {}))
     onnx = isinstance(model, OnnxModel)
     pre = getattr(model, "preprocessing", None) or {}
-    data = load_data_from_args(args)
     c = model.config
+    data = load_data_from_args(args, crop=crop_spec(pre, c.img_size))  # a folder: prepared as predict prepares it
     if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
         raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} "
                          f"has {data.num_classes} / {data.in_chans}")

@@ -11,14 +11,14 @@ import os
 import zipfile
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..model.serialization import atomic_write
-from .images import BadImageError, decode_within, fit_within, is_gray, to_array
+from .images import BadImageError, crop_decode_side, decode_within, fit_within, is_gray, resize_and_crop, to_array
 from .splits import DataSplits, ImageTensors
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
@@ -140,9 +140,12 @@ def is_junk(name: str) -> bool:
 
 def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                        cache_dir: str | None = None, progress: Callable | None = None,
-                       max_side: int = 128) -> DataSplits:
+                       max_side: int = 128, crop: dict[str, Any] | None = None) -> DataSplits:
     """Decode an ImageFolder tree (or a zip of one) into memory as uint8, all at one size (``size``, else the most
-    common size, scaled down to at most ``max_side`` pixels); cached under ``cache_dir`` by fingerprint."""
+    common size, scaled down to at most ``max_side`` pixels); cached under ``cache_dir`` by fingerprint.
+
+    ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) decodes every image as predict and
+    serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
     src = _Source(Path(path))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
@@ -160,7 +163,10 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         only_v = sorted(set(src.dirs[val_split]) - set(classes))
         raise ValueError(f"{path}: classes differ between train/ and {val_split}/: only in train {only_t}, "
                          f"only in {val_split} {only_v}")
-    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}".encode()).hexdigest()[:24]
+    if crop is not None:
+        size, max_side = tuple(crop["img_size"]), crop_decode_side(crop)
+    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}|"
+                         f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
     if cache is not None and cache.is_file():
         t = load_file(str(cache))
@@ -175,12 +181,16 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         imgs = []
         for n, ci in (progress(lst, desc=f"decoding {s}") if progress else lst):
             try:  # each image shrunk to fit max_side as it is read: memory is bounded by the result's size
-                img, full = decode_within(src.read(n), src.where(n), max_side=max(size) if size else max_side)
+                img, full = decode_within(src.read(n), src.where(n),
+                                          max_side=max_side if crop else max(size) if size else max_side)
             except BadImageError:
                 if not skip_bad_images:
                     raise
                 skipped += 1
                 continue
+            if crop is not None:  # the gray test needs the image as stored; the crop keeps the channel count
+                gray = is_gray(img)
+                img = resize_and_crop(crop, 1 if gray else 3)(img)
             imgs.append((img, ci))
             full_sizes[full] += 1
         decoded[s] = imgs

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import io
+import math
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -114,3 +116,36 @@ def to_array(img: Image.Image, channels: int, size: tuple[int, int] | None = Non
         img = img.resize((size[1], size[0]), Image.BICUBIC)
     a = np.asarray(img, dtype=np.uint8)
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()  # h w c -> c h w
+
+
+def crop_spec(pre: dict[str, Any], img_size: int | tuple[int, int]) -> dict[str, Any] | None:
+    """The evaluation geometry of weights that carry their publisher's transform (timm's resize + centre crop), at
+    ``img_size``; None for a model trained on images simply resized to its size (vitkit's own from-scratch runs)."""
+    if "crop_pct" not in pre:
+        return None
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    return {"img_size": [h, w], "crop_pct": float(pre["crop_pct"]), "crop_mode": pre.get("crop_mode", "center"),
+            "interpolation": pre.get("interpolation", "bicubic")}
+
+
+def crop_decode_side(spec: dict[str, Any]) -> int:
+    """The longer side an image need not exceed when decoded for ``spec``: four times what the transform resizes
+    to, so the short side of any photo up to 4:1 still covers the resize. A 12-megapixel photo for a 224-pixel model
+    is then decoded at about 1000x750, not 4000x3000 (2 MB instead of 36)."""
+    return 4 * math.ceil(max(spec["img_size"]) / (spec["crop_pct"] or 1.0))
+
+
+def resize_and_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, PIL image -> PIL image
+    """timm's evaluation geometry for ``spec`` (``crop_spec``): 8-bit L or RGB, the short side resized to size /
+    crop_pct, the centre cropped (``crop_mode="squash"``: both sides resized). Training folders, predict, serve and
+    eval all go through this one transform, so a fine-tuned model sees the same pixels everywhere."""
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
+
+    h, w = spec["img_size"]
+    interp = v2.InterpolationMode(spec["interpolation"])
+    scale = (math.floor(h / spec["crop_pct"]), math.floor(w / spec["crop_pct"]))
+    if spec["crop_mode"] == "squash":
+        resize = v2.Resize(scale, interpolation=interp)
+    else:
+        resize = v2.Resize(scale[0] if scale[0] == scale[1] else scale, interpolation=interp)
+    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), resize, v2.CenterCrop((h, w))])

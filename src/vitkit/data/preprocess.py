@@ -1,7 +1,6 @@
 """Images from files -> the normalised tensors a checkpoint expects (predict, serve, inspect)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,7 +12,8 @@ from ..model.config import to_2tuple
 from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
-from .images import BadImageError, open_image, to_array, to_mode
+from .images import (BadImageError, crop_decode_side, crop_spec, open_image, resize_and_crop, to_array,
+                     to_mode)
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -45,14 +45,10 @@ def eval_transform(pre: dict[str, Any], config: Any) -> Callable[[Image.Image], 
 
     cfg = _data_config(pre, config)
     chans, h, w = cfg["input_size"]
-    interp = v2.InterpolationMode(cfg["interpolation"])
-    scale = (math.floor(h / cfg["crop_pct"]), math.floor(w / cfg["crop_pct"]))
-    if cfg["crop_mode"] == "squash":
-        resize = v2.Resize(scale, interpolation=interp)
-    else:
-        resize = v2.Resize(scale[0] if scale[0] == scale[1] else scale, interpolation=interp)
-    return v2.Compose([v2.Lambda(lambda im: to_mode(im, chans)), resize, v2.CenterCrop((h, w)), v2.ToImage(),
-                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(cfg["mean"]), list(cfg["std"]))])
+    geometry = resize_and_crop({"img_size": [h, w], **{k: cfg[k] for k in ("crop_pct", "crop_mode", "interpolation")}},
+                               chans)
+    return v2.Compose([geometry, v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(list(cfg["mean"]), list(cfg["std"]))])
 
 
 def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any) -> torch.Tensor:
@@ -62,6 +58,16 @@ def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], c
     size = to_2tuple(config.img_size)
     arrays = np.stack([to_array(im, config.in_chans, size) for im in images])
     return normalizer(preprocessing, config).normalize(torch.from_numpy(arrays))
+
+
+def model_view(image: Image.Image, preprocessing: dict[str, Any], config: Any) -> Image.Image:
+    """``image`` as the model sees it, before standardising: cropped as its transform crops, or resized to its
+    size (what an attention map drawn over the input must be drawn over)."""
+    spec = crop_spec(preprocessing, to_2tuple(config.img_size))
+    if spec is not None:
+        return resize_and_crop(spec, config.in_chans)(image)
+    h, w = to_2tuple(config.img_size)
+    return to_mode(image, config.in_chans).resize((w, h), Image.BICUBIC)
 
 
 def image_files(paths: list[str]) -> list[str]:
@@ -93,11 +99,8 @@ def load_images(paths: list[str], max_pixels: int | None = None, max_side: int |
 
 
 def decode_side(preprocessing: dict[str, Any], config: Any) -> int:
-    """The longer side an image need not exceed when it is decoded for ``config``'s model: four times what its
-    transform resizes to, so the short side of any photo up to 4:1 still covers the resize. A 12-megapixel photo
-    for a 224-pixel model is then decoded at about 1000x750, not 4000x3000 (2 MB instead of 36)."""
-    crop = preprocessing.get("crop_pct", 1.0) or 1.0
-    return 4 * math.ceil(max(to_2tuple(config.img_size)) / crop)
+    """The longer side an image need not exceed when it is decoded for ``config``'s model (``crop_decode_side``)."""
+    return crop_decode_side(crop_spec({"crop_pct": 1.0, **preprocessing}, to_2tuple(config.img_size)))
 
 
 def preprocessing_of(model: Any) -> dict[str, Any]:

@@ -117,9 +117,24 @@ def init_image_size(source: str) -> int | tuple[int, int]:
     """The image size weights were trained at, without loading them (224 where only loading would tell)."""
     if source in PRETRAINED:
         return PRETRAINED[source].img_size
-    p = Path(source)
-    if (p / "config.json").is_file():
-        meta = json.loads((p / "config.json").read_text())
-        size = (meta.get("model") or {}).get("img_size") or meta.get("image_size") or 224
-        return size if isinstance(size, int) else tuple(size)
-    return 224
+    meta = _folder_config(source)
+    size = (meta.get("model") or {}).get("img_size") or meta.get("image_size") or 224
+    return size if isinstance(size, int) else tuple(size)
+
+
+def init_preprocessing(source: str) -> dict[str, Any]:
+    """The preprocessing weights carry (their publisher's mean, std, resize and crop), without loading them: a
+    registered NAME.TAG's, or a vitkit folder's config.json; {} where only loading would tell."""
+    if source in PRETRAINED or (not Path(source).exists() and source in PRESETS):
+        return get_pretrained(source).preprocessing()
+    pre = _folder_config(source).get("preprocessing")
+    return pre if isinstance(pre, dict) else {}
+
+
+def _folder_config(source: str) -> dict[str, Any]:
+    p = Path(source) / "config.json"
+    try:
+        meta = json.loads(p.read_text()) if p.is_file() else {}
+    except (OSError, ValueError):
+        return {}  # loading the weights names what is wrong with the file
+    return meta if isinstance(meta, dict) else {}

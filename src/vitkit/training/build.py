@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 
 from ..data.datasets import DataSplits, load_dataset
-from ..interop.pretrained import load_init
+from ..data.images import crop_spec
+from ..interop.pretrained import init_image_size, init_preprocessing, load_init
 from ..model.config import to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
@@ -21,7 +22,16 @@ from .config import TrainConfig
 def build_data(cfg: TrainConfig) -> DataSplits:
     """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``)."""
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
-                        max_side=cfg.folder_max_side)
+                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args))
+
+
+def init_crop(init: str | None, model_args: dict[str, Any]) -> dict[str, Any] | None:
+    """Fine-tuning pretrained weights on a folder: its photos resized and centre-cropped as the weights' publisher
+    prepared theirs, the preprocessing the checkpoint keeps and predict, serve and eval apply, so training,
+    evaluation and use see the same pixels (squashing every photo to one shape would distort some and not others)."""
+    if not init:
+        return None
+    return crop_spec(init_preprocessing(init), model_args.get("img_size") or init_image_size(init))
 
 
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:

@@ -38,7 +38,7 @@ from ..runtime.distributed import rank_and_world
 from ..runtime.precision import autocast_for
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import usable_seconds
-from .build import apply_layout, build_data, build_model, preprocessing_for
+from .build import apply_layout, build_data, build_model, init_crop, preprocessing_for
 from .checkpoint import recover_run
 from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
 from .optim import build_optimizer, freeze_body
@@ -139,7 +139,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             probe = {**file_cfg, **given}
             data = load_dataset("folder", probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
-                                max_side=merged.get("folder_max_side", 128))
+                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args))
             name = "finetune" if init else choose_recipe(data)
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
@@ -148,6 +148,11 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
                 "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
                 "training size; a --config file or flags override it)")
+            crop = init_crop(init, src.model_args) if dataset == "folder" else None
+            if crop:
+                h, w = crop["img_size"]
+                say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
+                    f"alike: short side to {h / crop['crop_pct']:.0f} ({crop['interpolation']}), centre {h}x{w} crop")
         merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
