@@ -105,3 +105,56 @@ def test_other_amx_users_still_agree_after_the_kernel():
         torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v).float(), sdpa_ref)
         kernels.vit_attention(qkv, 0.125)
         assert ((a @ b).float() - mm_ref).abs().max() <= 0.01 * mm_ref.abs().max()
+
+
+def test_a_kernel_that_crashes_or_errs_in_its_proof_is_refused_and_the_verdict_kept(monkeypatch, tmp_path):
+    """The proof runs in a child process: a segfault there (as on the 16-core AMX host) is a refusal with the
+    signal named, never the user's process going down; the verdict is remembered."""
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    segfault = "import ctypes; ctypes.string_at(0)"
+    with pytest.warns(UserWarning, match="failed its proof on this machine .*SIGSEGV"):
+        assert kernels.proven(segfault) is False
+    assert kernels.proven("pass") is False  # remembered: not run again
+    for f in tmp_path.glob("kernel-*.json"):
+        f.unlink()
+    with pytest.warns(UserWarning, match="exit 1: AssertionError: 16 threads"):
+        assert kernels.proven("raise AssertionError('16 threads, (B, T, H, D) = (1, 1, 1, 16)')") is False
+    for f in tmp_path.glob("kernel-*.json"):
+        f.unlink()
+    assert kernels.proven("pass") is True
+
+
+def test_the_proof_catches_a_wrong_kernel_and_passes_exact_attention():
+    def exact(qkv, scale):
+        q, k, v = qkv.float().permute(2, 0, 3, 1, 4).unbind(0)
+        return (torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v).transpose(1, 2).bfloat16()
+
+    def keys_as_queries(qkv, scale):  # a plausible indexing slip: k read where q is
+        return exact(qkv[:, :, [1, 1, 2]], scale)
+
+    def contiguous_only(qkv, scale):  # ignores strides: reads the storage as if dense
+        return exact(torch.as_strided(qkv, qkv.shape, qkv.contiguous().stride()), scale)
+
+    kernels.run_proof(exact)
+    for wrong in (keys_as_queries, contiguous_only):
+        with pytest.raises(AssertionError, match="max error"):
+            kernels.run_proof(wrong)
+
+
+@pytest.mark.skipif(not kernels.has_cxx_compiler(), reason="no C++ compiler")
+def test_the_kernel_source_compiles_against_this_torch(tmp_path):
+    """Built for AMX whatever this CPU is (not run: only an AMX CPU can), so every CI run compiles it against the
+    torch it tests, with every warning shown."""
+    import subprocess
+    import sys
+
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        pytest.skip("no ninja")
+    code = ("from torch.utils import cpp_extension; from vitkit.runtime.kernels import SOURCE; "
+            f"cpp_extension.load(name='vitkit_compile_check', sources=[str(SOURCE)], build_directory={str(tmp_path)!r}, "
+            "is_python_module=False, extra_cflags=['-O1', '-mavx512f', '-mavx512bf16', '-mamx-tile', '-mamx-bf16', "
+            "'-fopenmp', '-Wall'], extra_ldflags=['-fopenmp'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]

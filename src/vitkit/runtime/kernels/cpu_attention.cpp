@@ -13,10 +13,7 @@
 // (oneDNN, Inductor's GEMM templates, ATen's flash attention) configures the tiles afresh.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
-#include <ATen/cpu/vec/vec_half.h>
 #include <ATen/native/CPUBlas.h>
-#include <fbgemm/Utils.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,13 +27,21 @@ using at::BFloat16;
 namespace cpublas = at::native::cpublas;
 
 constexpr int64_t kQueryBlock = 32;  // query rows per block: two rows of tiles
+constexpr int64_t kMaxHeadSize = 256;  // the per-thread buffers are sized from D: bounded
 
-// k^T (D x Tp) in AMX's layout for bf16, [D/2][Tp][2]: a transpose of k seen as T x D/2 pairs of
-// bf16, i.e. of 32-bit words (fbgemm's SIMD transpose, moved as floats: bit for bit). Columns t >= T stay zero
-// (the buffer is zeroed once).
+// k^T (D x Tp) in AMX's layout for bf16, [D/2][Tp][2]: out[d/2][t][d%2] = k[t][d] for t < T (row stride ld).
+// Columns t >= T stay zero (the buffer is zeroed once). Plain loops over exactly T rows and D columns: O(T D) per
+// head against the O(T^2 D) of the products, and nothing read outside the rows given (ATen's and fbgemm's internal
+// packing helpers changed between torch versions; a kernel built against another torch must not depend on them).
 void pack_keys(const BFloat16* k, int64_t ld, int64_t T, int64_t D, int64_t Tp, BFloat16* out) {
-  fbgemm::transpose_simd<float>(T, D / 2, reinterpret_cast<const float*>(k), ld / 2, reinterpret_cast<float*>(out),
-                                Tp);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) out[(d / 2) * Tp * 2 + t * 2 + d % 2] = k[t * ld + d];
+}
+
+// v (T x D, row stride ld) in AMX's layout, [T/2][D][2]: out[t/2][d][t%2] = v[t][d]. Rows t >= T stay zero.
+void pack_values(const BFloat16* v, int64_t ld, int64_t T, int64_t D, BFloat16* out) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) out[(t / 2) * D * 2 + d * 2 + t % 2] = v[t * ld + d];
 }
 
 // Softmax numerator of one row of S (T scores, Tp - T padding): p = 2^((s - max) * scale * log2 e) in bf16.
@@ -116,10 +121,13 @@ void gemm32(const BFloat16* A, int64_t lda, const BFloat16* Bp, int64_t K, int64
 
 at::Tensor vit_attention(const at::Tensor& qkv_in, double scale) {
   TORCH_CHECK(qkv_in.dim() == 5 && qkv_in.size(2) == 3 && qkv_in.scalar_type() == at::kBFloat16 &&
-                  qkv_in.device().is_cpu() && qkv_in.size(4) % 16 == 0,
-              "vitkit::vit_attention: expected a bf16 CPU tensor (B, T, 3, H, D) with D a multiple of 16, got ",
-              qkv_in.scalar_type(), " ", qkv_in.sizes());
+                  qkv_in.device().is_cpu() && qkv_in.size(4) % 16 == 0 && qkv_in.size(4) <= kMaxHeadSize &&
+                  qkv_in.size(0) > 0 && qkv_in.size(1) > 0 && qkv_in.size(3) > 0,
+              "vitkit::vit_attention: expected a bf16 CPU tensor (B, T, 3, H, D) with D a multiple of 16 (at most ",
+              kMaxHeadSize, ") and B, T, H at least 1, got ", qkv_in.scalar_type(), " ", qkv_in.sizes());
+  // Every index below assumes this dense layout: a strided or overlapping input is copied into it first.
   const at::Tensor qkv = qkv_in.contiguous();
+  TORCH_CHECK(qkv.is_contiguous() && qkv.storage_offset() >= 0, "vitkit::vit_attention: could not make qkv dense");
   const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(3), D = qkv.size(4);
   // keys padded: to whole AVX-512 vectors for S and the softmax (Ts), to whole 32-key tile chunks for P v (Tk);
   // the head size to whole 32-element chunks for q k^T (Dp), by copying q when D is not a multiple of 32
@@ -139,7 +147,7 @@ at::Tensor vit_attention(const at::Tensor& qkv_in, double scale) {
       const int64_t b = bh / H, h = bh % H;
       const BFloat16* q = src + b * T * ld + h * D;
       pack_keys(q + H * D, ld, T, D, Ts, kt.data());  // rows >= D/2 and columns >= T stay zero
-      at::vec::pack_vnni2(q + 2 * H * D, vt.data(), ld, T, D);  // v: [T/2][D][2]; rows >= T stay zero
+      pack_values(q + 2 * H * D, ld, T, D, vt.data());  // rows >= T stay zero
       for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, T - t0);
         const BFloat16* qb = q + t0 * ld;
