@@ -61,3 +61,31 @@ def test_nan_on_one_rank_stops_both_without_hanging(tmp_path):
                  timeout=180)
     assert r.returncode != 0
     assert "loss is nan" in r.stderr + r.stdout
+
+
+def _one_gpu(monkeypatch, ranks_here=2, rank=0):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for k, v in {"WORLD_SIZE": ranks_here, "LOCAL_WORLD_SIZE": ranks_here, "RANK": rank, "LOCAL_RANK": rank,
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 1}.items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_more_ranks_than_gpus_is_one_line_before_any_process_group(monkeypatch, capsys):
+    """`torchrun --nproc-per-node 2` on a one-GPU machine (the GPU count faked): both ranks took cuda:0 and NCCL
+    failed with a traceback from each."""
+    import torch.distributed as dist
+
+    from vitkit.cli.main import main
+    from vitkit.runtime.distributed import distributed_device
+
+    _one_gpu(monkeypatch)
+    assert main(["train", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 processes on this machine but it has 1 GPU" in err[0]
+    assert "--nproc-per-node 1" in err[0] and "--device cpu" in err[0] and not dist.is_initialized()
+    _one_gpu(monkeypatch, rank=1)
+    assert main(["train", "--epochs", "1"]) == 2 and capsys.readouterr().err == ""  # rank 0 said it
+    assert distributed_device("cpu") == torch.device("cpu")  # gloo on CPU processes: allowed
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert distributed_device("auto") == torch.device("cuda", 1)  # its own GPU, by local rank

@@ -141,7 +141,12 @@ def run(args: argparse.Namespace) -> int:
 
     distributed = launched_distributed()
     if distributed and not dist.is_initialized():
-        init_distributed()
+        try:
+            init_distributed(getattr(args, "device", None) or "auto")
+        except ValueError as e:  # every rank finds the same; one of them says it
+            if os.environ.get("RANK", "0") == "0":
+                print(f"vitkit train: error: {e}", file=sys.stderr)
+            return 2
     rank = rank_and_world()[0]
     if restart_count() > 0 and not getattr(args, "resume", None):
         args.resume = "auto"  # torchrun restarted the group after a failure: continue from last/

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch

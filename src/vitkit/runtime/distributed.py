@@ -24,16 +24,44 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def init_distributed() -> None:
-    """The process group from torchrun's environment (gloo on CPU, nccl on CUDA). Keys are prefixed with the restart
-    count: after torchrun restarts a failed group, the new ranks must not read the dead ranks' addresses."""
+def local_rank() -> int:
+    """This process's index among torchrun's processes on this machine (0 outside torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def distributed_device(device: str = "auto") -> torch.device:
+    """The device this rank trains on: ``cuda:<local rank>`` where CUDA is used (``auto`` with a GPU, or ``cuda``),
+    else the CPU (gloo). More ranks on this machine than GPUs is refused before any process group exists: NCCL
+    fails with "invalid usage" when two ranks share a GPU."""
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        return torch.device("cpu" if device == "auto" else device)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpus = torch.cuda.device_count()
+    if per_node > gpus:
+        raise ValueError(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU"
+                         f"{'' if gpus == 1 else 's'}: one process per GPU. Run with --nproc-per-node {max(gpus, 1)} "
+                         "(at most the GPU count), or add --device cpu to train on CPU processes (gloo)")
+    return torch.device("cuda", local_rank())
+
+
+def init_distributed(device: str = "auto") -> torch.device:
+    """The process group from torchrun's environment (nccl on this rank's GPU, gloo on CPU); returns the rank's
+    device. Keys are prefixed with the restart count: after torchrun restarts a failed group, the new ranks must not
+    read the dead ranks' addresses."""
+    dev = distributed_device(device)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent_store, timeout=timedelta(minutes=5))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+    kw = {}
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        kw["device_id"] = dev  # NCCL binds this rank to its GPU instead of guessing
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
                             store=dist.PrefixStore(f"vitkit/restart{restart_count()}", store), rank=rank,
-                            world_size=world)
+                            world_size=world, **kw)
+    return dev
 
 
 def destroy_process_group() -> None:

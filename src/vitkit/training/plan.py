@@ -34,7 +34,7 @@ from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, t
 from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name, reports_bf16_unit
 from ..runtime.device import resolve_device
-from ..runtime.distributed import rank_and_world
+from ..runtime.distributed import local_rank, rank_and_world
 from ..runtime.precision import autocast_for
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import usable_seconds
@@ -281,7 +281,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     start = time.time()
     start_time = start_time or start
     rank, world = rank_and_world()
-    device = device or resolve_device(cfg.device, rank % max(torch.cuda.device_count(), 1))
+    device = device or resolve_device(cfg.device, local_rank())
     p = Plan(recipe, str(device), machine_name(device),
              {k: getattr(cfg, k) for k in ("precision", "compile", "attention", "channels_last")})
     if world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):

@@ -23,7 +23,7 @@ from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..runtime.device import resolve_device
-from ..runtime.distributed import any_rank, broadcast_ints, rank_and_world
+from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
 from ..runtime.precision import autocast_for
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for
@@ -62,7 +62,7 @@ class Trainer:
         self.cfg, self.log, self.plan = cfg, log, plan_
         self.rank, self.world = rank_and_world()
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
-        self.device = resolve_device(cfg.device, self.rank % max(torch.cuda.device_count(), 1))
+        self.device = resolve_device(cfg.device, local_rank())
         self.precision = cfg.precision
         torch.manual_seed(cfg.seed + self.rank)
         self.data = self.data.with_train_fraction(cfg.train_fraction)
