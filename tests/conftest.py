@@ -24,3 +24,11 @@ def tiny_config(**kw):
 
     base = dict(img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32, depth=2, num_heads=4)
     return ViTConfig(**{**base, **kw})
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)

@@ -111,9 +111,11 @@ def _runner(m: torch.nn.Module, x: torch.Tensor, mode: str) -> Callable[[], Any]
 
 def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = tuple(PEERS),
                     repeats: int = 5, compile: bool = False, log: Callable[[str], None] = print, int8: bool = False,
-                    **overrides: Any) -> list[dict[str, Any]]:
-    """Rows of {impl, mode, img_s, ...} for one model/batch/dtype; all on the same weights and inputs. ``int8``
-    (fp32 groups): also vitkit's int8 ONNX export, whose ``max_abs_diff`` is then its relative logit error."""
+                    device: torch.device | str = "cpu", **overrides: Any) -> list[dict[str, Any]]:
+    """Rows of {impl, mode, img_s, ...} for one model/batch/dtype on ``device``; all on the same weights and inputs.
+    ``int8`` (fp32 groups, CPU): also vitkit's int8 ONNX export, whose ``max_abs_diff`` is then its relative logit
+    error. On a GPU each row also has ``gpu_mem_mb``: the peak memory its first call allocated."""
+    device = torch.device(device)
     torch.manual_seed(0)
     model = create_model(name, **overrides).eval()
     with torch.no_grad():
@@ -121,12 +123,19 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
     c = model.config
     x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size))
     with torch.inference_mode():
-        want = model(x)
+        want = model(x)  # the fp32 reference, on the CPU
+    x = x.to(device)
+    cuda = device.type == "cuda"
     runners: list[tuple[str, str, Callable[[], Any], float, str]] = []
+    memory: list[float | None] = []
 
     def add(impl: str, mode: str, fn: Callable[[], Any], compute: str = dtype) -> None:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
         out = fn()  # also the first warm-up (and the compilation of a compiled model)
-        logits = out.float() if isinstance(out, torch.Tensor) else out
+        memory.append(torch.cuda.max_memory_allocated(device) / 2 ** 20 if cuda else None)
+        logits = (out.float() if isinstance(out, torch.Tensor) else out).cpu()
         err = float((logits - want).abs().max())
         tol = 1e-3 if compute == "fp32" else 0.5
         if compute == "int8":  # int8 changes the logits: a relative bound that only a broken export exceeds
@@ -137,30 +146,35 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
 
     for compiled in (False, True) if compile else (False,):
         # "auto": the dtype optimize_for_inference times here at this batch (cached), as predict/eval/serve use it
-        fast = optimize_for_inference(model, "auto" if dtype == "auto" else dtype_of(dtype), compile=compiled,
-                                      batch_size=batch)
+        fast = optimize_for_inference(model.to(device), "auto" if dtype == "auto" else dtype_of(dtype),
+                                      compile=compiled, batch_size=batch)
+        if fast.compile_note:
+            log(f"  {fast.compile_note}")
         kernel = any(getattr(m, "impl", None) == "cpu_kernel" for m in fast.modules())  # vitkit's AMX attention kernel
         add("vitkit", "optimized" + (f" ({fast.precision})" if dtype == "auto" else "")
             + ("+compile" if compiled else "") + ("+kernel" if kernel else ""), lambda fast=fast: fast(x),
             fast.precision)
-    if int8 and dtype in ("fp32", "auto") and (q := _onnx(model, int8=True)) is not None:
+    model = model.cpu()  # the peers are converted from the CPU copy, then moved
+    if int8 and not cuda and dtype in ("fp32", "auto") and (q := _onnx(model, int8=True)) is not None:
         add("vitkit", "int8 onnx (onnxruntime)", _runner(q, x, "fp32"), "int8")
     modes = {"fp32": ("fp32",), "bf16": ("bf16-autocast", "bf16-weights")}.get(
         dtype, ("fp32", "bf16-autocast", "bf16-weights"))  # auto: every peer in each of its dtypes
     for peer in peers:
-        if peer in FP32_ONLY and dtype == "bf16":
+        if peer in FP32_ONLY and (dtype == "bf16" or cuda):  # onnxruntime runs here on the CPU
             continue
         m = PEERS[peer](model)
         if m is None:
             continue
-        m.eval()
+        m.eval().to(device)
         for mode in modes if peer not in FP32_ONLY else ("fp32",):
             add(peer, mode, _runner(m, x, mode), "fp32" if mode == "fp32" else "bf16")
     # interleaved: every repeat times each implementation once, so a machine that drifts affects all alike
-    speeds = interleaved_throughput([fn for _, _, fn, _, _ in runners], batch, repeats=repeats)
+    speeds = interleaved_throughput([fn for _, _, fn, _, _ in runners], batch, repeats=repeats, device=device)
     rows = []
-    for (impl, mode, _, err, compute), r in zip(runners, speeds):
+    for (impl, mode, _, err, compute), r, mem in zip(runners, speeds, memory):
         rows.append({"model": name, "batch": batch, "dtype": dtype, "compute": compute, "impl": impl, "mode": mode,
-                     "img_s": r, "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err})
-        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<24} {r:8.2f} img/s")
+                     "img_s": r, "gflop_per_img": flops_per_image(c) / 1e9, "max_abs_diff": err,
+                     "device": str(device), **({"gpu_mem_mb": round(mem, 1)} if mem is not None else {})})
+        log(f"  {name} b{batch} {dtype:<4} {impl:<11} {mode:<24} {r:8.2f} img/s"
+            + (f"  {mem:,.0f} MiB" if mem is not None else ""))
     return rows

@@ -27,6 +27,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="also time the torch.compile'd vitkit model (max-autotune + freezing, and for bf16 on an AMX "
                         "CPU vitkit's attention kernel, built once in ~22 s; ~15-25 s to compile per model, batch "
                         "and dtype); --no-compile to skip")
+    p.add_argument("--device", default="auto",
+                   help="where the inference rows run: auto (the GPU where there is one), cpu, cuda, cuda:N; on a GPU "
+                        "each row also reports the peak GPU memory (the training rows stay on the CPU)")
     p.add_argument("--no-train", action="store_true", help="skip the training-throughput part")
     p.add_argument("--train-steps", type=positive_int, default=40,
                    help="training steps timed per loop, in three parts taken round-robin")
@@ -51,15 +54,20 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.inference import bench_inference
     from ..bench.timing import matmul_ceiling
     from ..runtime.cpu import cpu_kind
+    from ..runtime.device import resolve_device
+
+    device = resolve_device(args.device)
     dtypes = args.dtypes.split(",")
     bad = sorted(set(dtypes) - {"auto", "fp32", "bf16"})
     if bad:
         raise ValueError(f"--dtypes takes auto, fp32 and bf16, got {', '.join(bad)}")
     print(f"machine: {cpu_kind()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}", flush=True)
+          f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
+          + (f"; inference on {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""), flush=True)
 
-    def measure_ceiling(when: str) -> dict[str, float]:
-        c = {"fp32": matmul_ceiling(torch.float32, 2048), "bf16": matmul_ceiling(torch.bfloat16, 2048)}
+    def measure_ceiling(when: str) -> dict[str, float]:  # on the inference rows' device
+        n = 8192 if device.type == "cuda" else 2048
+        c = {"fp32": matmul_ceiling(torch.float32, n, device), "bf16": matmul_ceiling(torch.bfloat16, n, device)}
         print(f"matmul ceiling{when}: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.items()), flush=True)
         return c
 
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         for k, (name, b, dt) in enumerate(groups, 1):
             print(f"[{k}/{len(groups)}] inference {name} batch {b} {dt} ...", flush=True)
             rows += bench_inference(name, b, dt, tuple(p for p in args.peers.split(",") if p), repeats=args.repeats,
-                                    compile=args.compile, int8=args.int8)
+                                    compile=args.compile, int8=args.int8, device=device)
     if not args.no_train:
         print("training throughput ...", flush=True)
         rows += _train_rows(args.train_steps)
@@ -85,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                                                                          r.get("task"))]
         r["ratio_to_best_peer"] = r["img_s"] / max(peers) if peers else None
         flop_s = r["gflop_per_img"] * 1e9 * r["img_s"] * (3 if r.get("task") == "train" else 1)
-        r["frac_of_ceiling"] = flop_s / ceiling.get(r["compute"], float("nan"))  # no int8 ceiling is timed
+        same_device = r.get("task") != "train" or device.type == "cpu"  # the ceiling is the inference device's
+        r["frac_of_ceiling"] = flop_s / ceiling.get(r["compute"], float("nan")) if same_device else float("nan")
     print(f"\n{'task':<6}{'model':<26}{'b':>4} {'dtype':<5} {'impl':<12}{'mode':<27}{'img/s':>9} "
           f"{'vs best peer':>13} {'of ceiling':>11}")
     for r in rows:
