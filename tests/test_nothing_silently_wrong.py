@@ -271,3 +271,19 @@ def test_serve_overlay_is_drawn_over_the_crop_the_model_saw():
     out = Predictor(model, pre, threads=1)(buf.getvalue())
     drawn = Image.open(io.BytesIO(base64.b64decode(out["overlay"].split(",", 1)[1])))
     assert drawn.size == (256, 256)
+
+
+def test_a_near_uniform_rollout_is_not_drawn_as_sharply_focused(tmp_path):
+    import numpy as np
+
+    from vitkit.inspect.plots import plot_overlay, share_scale
+
+    flat = np.full((4, 4), 1.0) + np.random.default_rng(0).uniform(0, 0.01, (4, 4))
+    share, vmax = share_scale(flat)
+    assert share.sum() == pytest.approx(1) and share.max() / vmax < 0.3  # the lower part of the colour scale
+    focused = np.zeros((4, 4))
+    focused[1, 2] = 1.0
+    share, vmax = share_scale(focused)
+    assert share.max() / vmax == 1  # the top colour where all the attention went
+    plot_overlay(np.zeros((3, 16, 16), np.uint8), flat, tmp_path / "o.png", "attention rollout")
+    assert (tmp_path / "o.png").stat().st_size > 0

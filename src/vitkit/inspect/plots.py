@@ -44,17 +44,28 @@ def _upsample(grid_map: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return F.interpolate(t, size=hw, mode="bilinear", align_corners=False)[0, 0].numpy()
 
 
+def share_scale(heat: np.ndarray) -> tuple[np.ndarray, float]:
+    """``heat`` as shares (summing to 1) and the top of its colour scale: its peak, but at least 4x the uniform
+    share, so a uniform map is drawn in the scale's lower quarter instead of all in its top colour."""
+    share = heat / max(float(heat.sum()), 1e-12)
+    return share, max(float(share.max()), 4.0 / share.size)
+
+
 def plot_overlay(image: np.ndarray, heat: np.ndarray, out: Path, title: str) -> None:
-    """The image beside it with ``heat`` (a patch-grid map) laid over it: the paper's Fig. 6 style."""
+    """The image beside it with ``heat`` (a patch-grid map of attention shares, summing to 1) laid over it: the
+    paper's Fig. 6 style. The colours run from 0 to at least 4x the uniform share (1 / patches): a map scaled to its
+    own min and max makes a near-uniform one look as sharply focused as any, so the title gives its peak too."""
     img = _image_for_display(image)
+    heat, vmax = share_scale(heat)
     h = _upsample(heat, img.shape[:2])
+    title = f"{title}\npeak {float(heat.max()) * heat.size:.1f}x the uniform share"
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
     axes[0].imshow(img, cmap="gray" if img.ndim == 2 else None)
     axes[0].set_title("input"), axes[0].axis("off")
     axes[1].imshow(img, cmap="gray" if img.ndim == 2 else None)
-    im = axes[1].imshow(h, cmap="jet", alpha=0.5)
+    im = axes[1].imshow(h, cmap="jet", alpha=0.5, vmin=0.0, vmax=vmax)
     axes[1].set_title(title), axes[1].axis("off")
-    fig.colorbar(im, ax=axes[1], fraction=0.046, label="attention share")
+    fig.colorbar(im, ax=axes[1], fraction=0.046, label=f"attention share (uniform: 1/{heat.size})")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -80,7 +91,7 @@ def plot_attention_heads(image: np.ndarray, maps: np.ndarray, out: Path, layer: 
         ax.set_title(f"head {i}", fontsize=9)
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="attention")
     fig.suptitle(f"Layer {layer}: attention of the output token to each patch")
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -118,7 +129,7 @@ def plot_pos_embed_similarity(sim: np.ndarray, out: Path) -> None:
                 axes[r, c].set_xlabel(str(c + 1), fontsize=7)
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="cosine similarity")
     fig.suptitle("Position embedding similarity (input patch row / column)")
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, bbox_inches="tight")  # the colour bar's label lies outside the axes' box
     plt.close(fig)
 
 

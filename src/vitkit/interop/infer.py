@@ -85,7 +85,8 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
         elif side * side == n:
             cfg["img_size"] = (side * ph * stride if ph == pw else (side * ph * stride, side * pw * stride))
         else:
-            raise ValueError(f"{source}: pos_embed has {n} patch tokens, not a square grid; pass img_size=(H, W)")
+            raise ValueError(f"{source}: pos_embed has {n} patch tokens, not a square grid, so the image's height "
+                             "and width are not in the weights; pass them: `--img-size H W` (Python: img_size=(H, W))")
     elif "img_size" not in known:  # a sin-cos (or no) position embedding works at any size: which one was it?
         raise ValueError(f"{source}: no position table, so the image size the model was trained at is not in the "
                          "weights (a 224x160 model read as 224x224 would squash its inputs); pass it: "
