@@ -274,7 +274,7 @@ def test_resample_non_square_grids_and_constant_field():
     out = resample_pos_embed(pe, (4, 6), num_prefix_tokens=0, old_grid=(2, 3))
     assert out.shape == (1, 24, 8)
     torch.testing.assert_close(out, torch.full((1, 24, 8), 0.25))
-    with pytest.raises(ValueError, match="not a square grid.*--img-size H W"):
+    with pytest.raises(ValueError, match="not a square grid"):
         resample_pos_embed(pe, 4, num_prefix_tokens=0)
 
 

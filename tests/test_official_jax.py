@@ -170,7 +170,7 @@ def test_unread_and_missing_keys_are_errors(tmp_path):
 def test_non_square_tok_needs_and_takes_img_size(tmp_path):
     params, x, want = init(bv(pool_type="tok"), hw=(32, 48))
     path = save(tmp_path, ref.flatten(params))
-    with pytest.raises(ValueError, match="not a square grid"):
+    with pytest.raises(ValueError, match="not a square grid.*`--img-size H W`"):
         vitkit.load(path)
     np.testing.assert_allclose(logits(vitkit.load(path, img_size=(32, 48)), x), want, atol=TOL, rtol=TOL)
     out = tmp_path / "imported"
