@@ -199,3 +199,20 @@ def test_sincos_file_at_another_size(tmp_path):
     want = np.asarray(bv(posemb="sincos2d").apply({"params": params}, x))
     np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
     assert read_npz(tmp_path / "w.npz")  # the file itself is untouched and still readable
+
+
+def test_a_naflex_dense_patch_embedding_is_refused_by_key_not_a_traceback(tmp_path, capsys):
+    """big_vision's NaFlex models embed flattened patches with a Dense (a 2-D kernel): it ended in a raw
+    `RuntimeError: permute(sparse_coo)` traceback."""
+    from vitkit.cli.main import main
+
+    params, _, _ = init(bv(pool_type="gap"))
+    w = ref.flatten(params)
+    kernel = next(k for k in w if k.endswith("embedding/kernel"))
+    w[kernel] = np.asarray(w[kernel]).reshape(-1, np.shape(w[kernel])[-1])  # (p*p*3, D), as NaFlex stores it
+    path = save(tmp_path, w)
+    with pytest.raises(ValueError, match=r"embedding/kernel has shape \(192, 32\).*NaFlex"):
+        vitkit.load(path)
+    assert main(["import", "--from", "jax", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "NaFlex" in err and "Traceback" not in err

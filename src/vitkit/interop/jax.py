@@ -186,6 +186,10 @@ def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any =
     flat npz mapping; ``img_size`` places a non-square position table (the file cannot tell its grid's shape)."""
     L = detect_layout(w, source)
     p, ledger = L.prefix, KeyLedger(w, source)
+    if (shape := np.shape(w[p + "embedding/kernel"])) and len(shape) != 4:
+        raise ValueError(f"{source}: {p}embedding/kernel has shape {tuple(shape)}; vitkit reads the paper's patch "
+                         "embedding, a convolution (kh, kw, in, out). A 2-D kernel is a Dense over flattened patches "
+                         "(big_vision's NaFlex variable-resolution models), a layout vitkit does not read")
     hybrid = _hybrid_layers(w, p)
     pool = "cls" if p + "cls" in w else "map" if p + "MAPHead_0/probe" in w else "gap"
     if p + "pre_logits/kernel" in w:
