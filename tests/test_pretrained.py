@@ -107,6 +107,49 @@ def test_offline_without_the_file_says_where_to_put_it(tmp_path):
     assert "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in r.stderr and "HF_HUB_OFFLINE" in r.stderr
 
 
+def test_no_network_without_hub_offline_is_told_at_once_and_the_cache_still_used(tmp_path):
+    """Without HF_HUB_OFFLINE, a machine with no network waited through ~30 s of retries before the message; the
+    Hub's host is now probed first (a closed loopback port stands in for an unreachable hub)."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    env.pop("HF_HUB_OFFLINE", None)
+    code = ("from vitkit.interop.download import hub_file\n"
+            "print(hub_file('timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k', 'model.safetensors'))")
+    t = time.time()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode != 0 and "did not answer within 3 s (no network?)" in r.stderr
+    assert "hf download" in r.stderr and "--preprocessing NAME.TAG" in r.stderr and time.time() - t < 20
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "model.safetensors").write_bytes(b"weights")
+    put_in_hub_cache(tmp_path / "hf", "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", tmp_path / "files")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and Path(r.stdout.strip()).read_bytes() == b"weights"
+
+
+def test_import_keeps_a_registered_entrys_preprocessing_for_its_bare_file(tmp_path):
+    """A timm file has no mean/std/crop: `--init FILE` standardised with the dataset's statistics instead of the
+    publisher's. `import --preprocessing NAME.TAG` records them (timm's pretrained_cfg the reference)."""
+    import timm
+    from safetensors.torch import save_file
+
+    from vitkit.cli.main import main
+
+    name = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    save_file(timm.create_model("vit_tiny_patch16_224", num_classes=1000).state_dict(), str(tmp_path / "w.safetensors"))
+    assert main(["import", "--from", "timm", str(tmp_path / "w.safetensors"), "--num-heads", "3",
+                 "--preprocessing", name, "--out", str(tmp_path / "d")]) == 0
+    pre = vitkit.from_pretrained(tmp_path / "d").preprocessing
+    cfg = timm.create_model(name, pretrained=False).pretrained_cfg
+    assert pre["mean"] == list(cfg["mean"]) and pre["crop_pct"] == cfg["crop_pct"] and len(pre["class_names"]) == 1000
+    assert main(["import", "--from", "timm", str(tmp_path / "w.safetensors"), "--num-heads", "3",
+                 "--preprocessing", "vit_base_patch16_224.augreg2_in21k_ft_in1k", "--out", str(tmp_path / "e")]) == 2
+
+
 def test_registry_agrees_with_timm_pretrained_configs():
     import timm
     from timm.models import get_pretrained_cfg

@@ -21,6 +21,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "that pools its class token: cls)")
     p.add_argument("--pos-embed", choices=("sincos2d", "none"), default=None,
                    help="for a file without a position table: big_vision's sin-cos (assumed) or none")
+    p.add_argument("--preprocessing", metavar="NAME.TAG", default=None,
+                   help="the registered weights SRC is a copy of (`vitkit models --pretrained`): their publisher's "
+                        "mean, std, resize and crop and class names are kept with them (a timm file has none, and "
+                        "fine-tuning it would otherwise standardise with the dataset's own statistics)")
 
 
 def refuse_overwrite(path: Path) -> None:
@@ -36,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_heads", args.num_heads),
                                    ("pos_embed", args.pos_embed), ("pool", args.pool)) if v is not None}
     model = load(args.src, None if args.fmt == "auto" else args.fmt, **overrides)
+    if args.preprocessing:
+        from ..interop.pretrained import check_arch, class_names, get_pretrained, with_preprocessing
+
+        entry = get_pretrained(args.preprocessing)
+        check_arch(model, entry.arch, args.src)  # the preprocessing of the same architecture, or a clear refusal
+        with_preprocessing(model, entry, source=entry.name,
+                           class_names=class_names(entry.labels, model.config.num_classes))
     model.save_pretrained(out)  # carries the source's preprocessing when it had one
     print(f"wrote {out}: {model.config.to_dict()}")
     return 0

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 CHUNK = 1 << 20
+PROBE_S = 3.0  # how long the Hub's host may take to accept a connection before the network counts as absent
 
 
 class DownloadError(OSError):
@@ -83,10 +86,16 @@ def download_url(url: str, filename: str | None = None, sha256: str | None = Non
 
 def hub_file(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None) -> Path:
     """A file of a Hugging Face Hub repo, from ``huggingface_hub``'s cache or downloaded into it."""
-    from huggingface_hub import hf_hub_download  # an optional part of loading
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache  # an optional part of loading
     from huggingface_hub.errors import (  # likewise
         EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError)
 
+    if not constants.HF_HUB_OFFLINE and not reachable(constants.ENDPOINT):
+        # no network: the cached copy at once, or a clear error at once (hf_hub_download retries for ~30 s first)
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision)
+        if isinstance(cached, str):
+            return Path(cached)
+        _not_cached(repo_id, filename, f"{constants.ENDPOINT} did not answer within {PROBE_S:g} s (no network?)")
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, token=token))
     except (LocalEntryNotFoundError, OSError) as e:  # not cached, and offline or no network
@@ -95,9 +104,30 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None, token: st
                                 "`hf auth login` or set HF_TOKEN)") from None
         if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
             raise DownloadError(f"hf.co/{repo_id} has no file {filename!r}") from None
-        from huggingface_hub.constants import HF_HUB_CACHE, HF_HUB_OFFLINE  # read at the time of the error
+        from huggingface_hub.constants import HF_HUB_OFFLINE  # read at the time of the error
 
-        why = "HF_HUB_OFFLINE is set" if HF_HUB_OFFLINE else f"no network? ({type(e).__name__})"
-        raise DownloadError(f"could not get {filename} of hf.co/{repo_id}: it is not in the cache ({HF_HUB_CACHE}) "
-                            f"and {why}. On a machine with internet run `hf download {repo_id} {filename}` "
-                            "(huggingface_hub's command) and copy its cache to HF_HOME here, or pass the local file") from None
+        _not_cached(repo_id, filename, "HF_HUB_OFFLINE is set" if HF_HUB_OFFLINE else
+                    f"no network? ({type(e).__name__})")
+
+
+def _not_cached(repo_id: str, filename: str, why: str) -> None:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    raise DownloadError(f"could not get {filename} of hf.co/{repo_id}: it is not in the cache ({HF_HUB_CACHE}) "
+                        f"and {why}. On a machine with internet run `hf download {repo_id} {filename}` "
+                        "(huggingface_hub's command) and copy its cache to HF_HOME here; or, with the file itself, "
+                        "`vitkit import FILE --preprocessing NAME.TAG --out DIR` keeps its publisher's "
+                        "preprocessing, then use DIR") from None
+
+
+def reachable(url: str, timeout: float = PROBE_S) -> bool:
+    """Whether ``url``'s host accepts a TCP connection within ``timeout`` seconds. Behind a proxy: assumed (the
+    proxy decides, and the download says what it said)."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    u = urllib.parse.urlparse(url)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True

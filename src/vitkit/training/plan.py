@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits, default_cache_dir, load_dataset
-from ..interop.pretrained import init_image_size
+from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
@@ -148,6 +148,10 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
                 "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
                 "training size; a --config file or flags override it)")
+            if not init_preprocessing(init).get("mean") and Path(init).is_file():
+                say(f"--init {init}: the file carries no preprocessing, so images are standardised with the "
+                    "dataset's own mean and std; for weights published with theirs (and a resize + crop), `vitkit "
+                    f"import {init} --preprocessing NAME.TAG --out DIR`, then --init DIR")
             crop = init_crop(init, src.model_args) if dataset == "folder" else None
             if crop:
                 h, w = crop["img_size"]
