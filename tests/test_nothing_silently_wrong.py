@@ -287,3 +287,41 @@ def test_a_near_uniform_rollout_is_not_drawn_as_sharply_focused(tmp_path):
     assert share.max() / vmax == 1  # the top colour where all the attention went
     plot_overlay(np.zeros((3, 16, 16), np.uint8), flat, tmp_path / "o.png", "attention rollout")
     assert (tmp_path / "o.png").stat().st_size > 0
+
+
+def test_half_sent_headers_are_closed_after_the_header_timeout_and_the_page_still_served():
+    """A client that sends half a request line and stalls (slowloris) held its connection for ever: uvicorn times
+    only idle keep-alive connections."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    from vitkit.serving.app import serve
+    from vitkit.serving.predictor import Limits, Predictor
+
+    model = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                                      num_classes=3)).eval()
+    ready: list[str] = []
+    predictor = Predictor(model, {"mean": [0.5] * 3, "std": [0.5] * 3}, Limits(header_timeout_s=1.0), threads=1)
+    threading.Thread(target=serve, args=(predictor, "127.0.0.1", 0), kwargs={"on_ready": ready.append},
+                     daemon=True).start()
+    for _ in range(100):
+        if ready:
+            break
+        time.sleep(0.05)
+    host, port = ready[0].split("//")[1].rsplit(":", 1)
+    for _ in range(100):  # the socket is bound before uvicorn starts accepting
+        try:
+            httpx.get(ready[0] + "/api/info", timeout=5)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    stalled = socket.create_connection((host, int(port)))
+    stalled.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUser-Ag")  # and nothing more
+    stalled.settimeout(5)
+    t = time.time()
+    assert stalled.recv(100) == b"" and time.time() - t < 4  # closed by the server after ~1 s
+    with httpx.Client() as c:  # a keep-alive client that asks in time is served, twice
+        assert c.get(ready[0]).status_code == 200 and c.get(ready[0] + "/api/info").status_code == 200

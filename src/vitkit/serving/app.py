@@ -128,9 +128,54 @@ def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ig
     sock.bind((host, port))
     real_port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(predictor, examples), log_level="warning", timeout_keep_alive=5,
-                            limit_concurrency=4 * predictor.limits.max_connections + 64)
+                            limit_concurrency=4 * predictor.limits.max_connections + 64,
+                            http=header_timeout_protocol(predictor.limits.header_timeout_s))
     on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{real_port}")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def header_timeout_protocol(seconds: float):  # type: ignore[no-untyped-def]
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose request headers are not complete within ``seconds``
+    of its opening or of its previous response. uvicorn times idle keep-alive connections only, so a client that
+    sends half a request line and stalls held its connection for ever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # optional: the serve extra
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):  # type: ignore[no-untyped-def,override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            before = self.cycle
+            super().handle_events()
+            if self.cycle is not before:  # a request's headers are in: the app's own timeouts take over
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_overdue)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_overdue(self) -> None:
+            self._header_timer = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
 
 
 __all__ = ["create_app", "serve", "Limits", "Predictor"]

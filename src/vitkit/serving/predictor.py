@@ -35,6 +35,8 @@ class Limits:
     max_pixels: int = 40_000_000  # a 40-megapixel photo decodes; a decompression bomb does not
     body_timeout_s: float = 30.0  # the whole upload must arrive within this
     first_byte_timeout_s: float = 5.0  # ... and its first bytes within this: headers and no body do not hold a slot
+    header_timeout_s: float = 10.0  # a request's headers complete within this of the connection (or the previous
+    # response): half-sent headers (slowloris) are closed instead of holding a connection for ever
     workers: int | None = None  # batches predicted at once; None: the usable cores / the threads each batch uses
     max_batch: int = 16  # uploads waiting together are predicted in one forward pass of up to this many
     max_queue: int = 64  # predictions waiting or running; beyond it "busy, retry" (503)
