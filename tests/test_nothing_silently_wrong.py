@@ -325,3 +325,29 @@ def test_half_sent_headers_are_closed_after_the_header_timeout_and_the_page_stil
     assert stalled.recv(100) == b"" and time.time() - t < 4  # closed by the server after ~1 s
     with httpx.Client() as c:  # a keep-alive client that asks in time is served, twice
         assert c.get(ready[0]).status_code == 200 and c.get(ready[0] + "/api/info").status_code == 200
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "timm"])
+def test_single_file_exports_keep_the_preprocessing(run_dir, tmp_path, fmt):
+    """A digits checkpoint (its own mean/std and class names) exported to one file came back standardised with
+    0.5/0.5 and nameless: predictions on the same images changed. The preprocessing rides in the file's metadata."""
+    src = vitkit.load(str(run_dir / "best"))
+    src.preprocessing = {**src.preprocessing, "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bilinear"}
+    src.save_pretrained(tmp_path / "ckpt")
+    f = tmp_path / f"w.{fmt}.safetensors"
+    assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--format", fmt, "--out", str(f)]) == 0
+    back = vitkit.load(str(f))
+    for key in ("mean", "std", "class_names", "crop_pct", "interpolation"):
+        assert back.preprocessing[key] == src.preprocessing[key], key
+    assert back.preprocessing["mean"] != [0.5]  # the digits' own statistics, not the default
+    assert "class_names" not in vitkit.load(str(f), num_classes=3).preprocessing  # a new head: names dropped
+
+
+def test_hugging_face_export_has_an_image_processor_transformers_reads(run_dir, tmp_path):
+    from transformers import AutoImageProcessor
+
+    assert main(["export", "--checkpoint", str(run_dir / "best"), "--format", "hf", "--out", str(tmp_path / "h")]) == 0
+    proc = AutoImageProcessor.from_pretrained(tmp_path / "h")
+    pre = vitkit.load(str(run_dir / "best")).preprocessing
+    assert list(proc.image_mean) == pytest.approx(pre["mean"]) and list(proc.image_std) == pytest.approx(pre["std"])
+    assert proc.size == {"height": 8, "width": 8}

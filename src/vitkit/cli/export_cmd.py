@@ -19,9 +19,24 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "VNNI/AMX). Changes the outputs a little: measure with `vitkit eval --checkpoint OUT`")
 
 
+def hf_image_processor(pre: dict, config) -> dict:  # type: ignore[no-untyped-def]
+    """transformers' ViTImageProcessor settings for ``pre`` (what ``AutoImageProcessor.from_pretrained`` reads). It
+    resizes straight to the model's size: a centre crop (crop_pct < 1) has no field there, so it is kept under
+    vitkit's own key beside them."""
+    from ..model.config import to_2tuple
+
+    h, w = to_2tuple(config.img_size)
+    resample = {"nearest": 0, "bilinear": 2, "bicubic": 3}.get(pre.get("interpolation", "bicubic"), 3)
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
+            "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": list(pre["mean"]), "image_std": list(pre["std"]),
+            "vitkit_preprocessing": {k: pre[k] for k in ("crop_pct", "crop_mode") if k in pre}}
+
+
 def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
+    from ..data.preprocess import preprocessing_of
     from ..interop import load, to_hf, to_jax_npz, to_timm
     from ..model.serialization import atomic_write
 
@@ -32,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if args.format != "hf" and not out.parent.is_dir():  # said before the export, not as a temporary file's name
         raise ValueError(f"--out {out}: the folder {out.parent} does not exist")
     model = load(args.checkpoint).eval()
-    meta = {"vitkit_config": json.dumps(model.config.to_dict())}
+    # what the weights cannot show, in the file's metadata: the config, and how inputs are prepared (mean, std,
+    # resize + crop, class names), so every export is used as the checkpoint is
+    meta = {"vitkit_config": json.dumps(model.config.to_dict()),
+            "vitkit_preprocessing": json.dumps(preprocessing_of(model))}
     if args.format == "safetensors":
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))
@@ -46,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        (out / "preprocessor_config.json").write_text(json.dumps(hf_image_processor(preprocessing_of(model),
+                                                                                    model.config), indent=2))
     elif args.format == "onnx":
         from ..serving.onnx import export_onnx
 

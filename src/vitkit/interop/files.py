@@ -43,27 +43,42 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
 METADATA_KEY = "vitkit_config"  # vitkit's ViTConfig, in the metadata of the safetensors files `vitkit export` writes
 
 
+PREPROCESSING_KEY = "vitkit_preprocessing"  # beside it: the mean, std, resize and crop, class names
+
+
 def written_config(path: str | Path) -> dict[str, Any]:
     """The ViTConfig a safetensors file's metadata carries (what ``vitkit export`` writes there: the head count,
     pooling and the rest that the weights cannot show), or {} for any other file."""
+    cfg = _metadata_json(path, METADATA_KEY, "ViTConfig keys")
+    if cfg:
+        check_keys(cfg, "model config", ViTConfig, source=f"{path} metadata '{METADATA_KEY}'")
+    return cfg
+
+
+def written_preprocessing(path: str | Path) -> dict[str, Any]:
+    """The preprocessing ``vitkit export`` writes into a safetensors file's metadata (checked against the model
+    when it is attached), or {}."""
+    return _metadata_json(path, PREPROCESSING_KEY, "preprocessing values")
+
+
+def _metadata_json(path: str | Path, key: str, what: str) -> dict[str, Any]:
     p = Path(path)
     if p.suffix != ".safetensors":
         return {}
     try:
         with safe_open(str(p), framework="pt") as f:
-            text = (f.metadata() or {}).get(METADATA_KEY)
+            text = (f.metadata() or {}).get(key)
     except Exception as e:  # noqa: BLE001 - a damaged header: read_safetensors names it when the weights are read
         raise ValueError(f"{p}: not a readable safetensors file ({' '.join(str(e).split())[:120]})") from None
     if text is None:
         return {}
     try:
-        cfg = json.loads(text)
+        value = json.loads(text)
     except ValueError:
-        cfg = None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{p}: its '{METADATA_KEY}' metadata is not a JSON mapping of ViTConfig keys")
-    check_keys(cfg, "model config", ViTConfig, source=f"{p} metadata '{METADATA_KEY}'")
-    return cfg
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{p}: its '{key}' metadata is not a JSON mapping of {what}")
+    return value
 
 
 def weights_in(d: Path) -> Path:

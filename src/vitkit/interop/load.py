@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
+from ..model.serialization import check_preprocessing
 from ..model.vit import VisionTransformer
-from .files import load_state_file, weights_in, written_config
+from .files import load_state_file, weights_in, written_config, written_preprocessing
 from .hf import from_hf, hf_to_vitkit
 from .infer import infer_config, table_is_square
 from .jax import jax_to_vitkit, read_npz
@@ -78,5 +79,10 @@ def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTra
         f = weights_in(p) if p.is_dir() else p
         sd = timm_to_vitkit(load_state_file(f), str(p))
         said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
-        return _build(sd, str(p), said, dict(overrides))
+        model = _build(sd, str(p), said, dict(overrides))
+        if pre := written_preprocessing(f):  # ... and how its inputs were prepared
+            if len(pre.get("class_names") or []) != model.config.num_classes:
+                pre.pop("class_names", None)  # a new head (num_classes override): the old names do not apply
+            model.preprocessing = check_preprocessing(pre, model.config, f"{f} metadata 'vitkit_preprocessing'")
+        return model
     raise ValueError(f"unknown format {fmt!r}; expected vitkit, timm, hf or jax")
