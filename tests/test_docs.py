@@ -57,7 +57,35 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-5000:]
-    assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "reference" / "api" / "index.html").exists()
+    page = (site / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
+    assert "javascripts/katex/katex.min.js" in page and "cdn." not in page  # the renderer ships with the site
+    _math_renders_offline(site / "tutorials" / "vit-shape-by-shape" / "index.html")
+
+
+def _math_renders_offline(page: Path) -> None:
+    """Eq. 1-4 typeset in a real browser that may not reach the network (every request outside the site refused)."""
+    import shutil
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(chromium).exists():
+        pytest.skip("Debian chromium not installed (.ci/run installs it)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            ctx = browser.new_context()
+            ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://") else r.abort())
+            tab = ctx.new_page()
+            tab.goto(page.as_uri())
+            tab.wait_for_selector(".arithmatex .katex", timeout=20_000)
+            rendered = tab.locator(".arithmatex .katex").count()
+            raw = tab.locator(".arithmatex").count()
+            errors = tab.locator(".katex-error").count()
+        finally:
+            browser.close()
+    assert rendered == raw > 4 and errors == 0  # every equation, none left as raw LaTeX
 
 
 def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
