@@ -568,3 +568,23 @@ def test_the_benchmarks_loops_run_the_steps_asked_for_across_epoch_ends():
     loop = plain_loop_steps(model, data, 64, steps=30, pil=True)  # the PIL DataLoader's epoch ends inside
     loop()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()) if p.requires_grad)
+
+
+def test_fewer_images_than_one_optimiser_step_is_refused_not_a_loop_for_ever(tmp_path, capsys):
+    """--init on 5% of a small folder: the fine-tune recipe's accumulation (5 x 32, fitted to the whole folder) never
+    made one optimiser step on the 67 images trained, and the run looped through thousands of empty epochs."""
+    assert main(["train", "--train-fraction", "0.01", "--epochs", "2", "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "fewer than one global batch" in err
+    assert main(["train", "--train-fraction", "0.2", "--batch-size", "32", "--grad-accum", "16", "--epochs", "1",
+                 "--output", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "fewer than the 16 one optimiser step accumulates" in err and "--batch-size (at most 17)" in err
+    # --init fits its accumulation to the images it trains on, the fraction applied
+    assert main(["train", "--epochs", "1", "--depth", "1", "--output", str(tmp_path / "init")]) == 0
+    root = tmp_path / "digits"
+    write_digits_folder(root, per_class=60, size=8)  # 600 images: 2 x 32 accumulated; half of them: 1
+    assert main(["train", "--dataset", "folder", "--data-dir", str(root), "--init", str(tmp_path / "init" / "best"),
+                 "--train-fraction", "0.5", "--epochs", "1", "--output", str(tmp_path / "ft")]) == 0
+    out = capsys.readouterr().out
+    assert "batch 32 x 1 accumulated = 32 (not 512): 300 training images" in out, out[-3000:]

@@ -69,7 +69,14 @@ class Trainer:
         self._build()
         self.train_model = model_for_training(self.model, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
-        self.steps_per_epoch = max(1, len(self.sampler) // cfg.batch_size // cfg.grad_accum)
+        batches = len(self.sampler) // cfg.batch_size  # whole batches an epoch, per process
+        if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
+            n = len(self.data.train)
+            over = f" over {self.world} processes" if self.world > 1 else ""
+            raise ValueError(f"{self.data.name}: {n} training images{over} make {batches} whole batch{'es' if batches != 1 else ''} of {cfg.batch_size} an "
+                             f"epoch, fewer than the {cfg.grad_accum} one optimiser step accumulates: lower "
+                             f"--batch-size (at most {max(1, n // self.world // cfg.grad_accum)}) or --grad-accum")
+        self.steps_per_epoch = batches // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
         self.budget = TimeBudget(cfg.time_limit, self.steps_per_epoch, cfg.eval_every, self.total_steps,
