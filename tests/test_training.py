@@ -588,3 +588,26 @@ def test_fewer_images_than_one_optimiser_step_is_refused_not_a_loop_for_ever(tmp
                  "--train-fraction", "0.5", "--epochs", "1", "--output", str(tmp_path / "ft")]) == 0
     out = capsys.readouterr().out
     assert "batch 32 x 1 accumulated = 32 (not 512): 300 training images" in out, out[-3000:]
+
+
+def test_a_small_dataset_lives_on_the_gpu_and_a_large_one_stays_in_host_memory(monkeypatch):
+    """The decision, with the GPU's free memory faked (the move itself is the cuda test below)."""
+    from vitkit.data.datasets import load_dataset
+    from vitkit.training.build import resident
+
+    data = load_dataset("digits")  # 1,797 8x8 images: 115 KB
+    moved, said = [], []
+    monkeypatch.setattr(type(data), "to", lambda self, device: moved.append(device) or self)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 2 * 10**9))
+    resident(data, torch.device("cuda", 0), said.append)
+    assert moved == [torch.device("cuda", 0)] and "as uint8" in said[0]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (200_000, 10**6))  # a quarter: 50 KB
+    resident(data, torch.device("cuda", 0), said.append)
+    assert len(moved) == 1 and resident(data, torch.device("cpu")) is data
+
+
+@pytest.mark.cuda
+def test_training_on_a_gpu_keeps_the_dataset_there(tmp_path):
+    t = Trainer(_cfg(epochs=2, output=str(tmp_path), device="cuda"), log=_quiet, progress=False)
+    assert t.data.train.images.is_cuda and t.data.val.images.is_cuda
+    assert t.fit().val_top1 > 20

@@ -70,7 +70,7 @@ class BatchAugment:
 def batches(data: ImageTensors, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool,
             device: torch.device):
     """Yield (uint8 images, labels) on ``device`` for consecutive chunks of ``indices``."""
-    idx = torch.as_tensor(indices, dtype=torch.int64)
+    idx = torch.as_tensor(indices, dtype=torch.int64).to(data.images.device)  # cut where the images live
     n = len(idx) - (len(idx) % batch_size if drop_last else 0)
     for i in range(0, n, batch_size):
         j = idx[i:i + batch_size]

@@ -25,6 +25,23 @@ def build_data(cfg: TrainConfig) -> DataSplits:
                         max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args))
 
 
+RESIDENT_SHARE = 0.25  # of the GPU's free memory a dataset may take to live there
+
+
+def resident(data: DataSplits, device: torch.device, log: Callable[[str], None] = print) -> DataSplits:
+    """On a GPU, a dataset that fits in a quarter of its free memory lives there as uint8 (Fashion-MNIST: 55 MB,
+    CIFAR-10: 184 MB): each batch is cut and augmented on the GPU, with no per-image CPU work and no copy per step.
+    Elsewhere, and for larger sets, the data stays in host memory and each batch is copied."""
+    if device.type != "cuda":
+        return data
+    size = sum(t.images.nbytes + t.labels.nbytes for t in (data.train, data.val))
+    free, _ = torch.cuda.mem_get_info(device)
+    if size > RESIDENT_SHARE * free:
+        return data
+    log(f"dataset on {device} as uint8 ({size / 2**20:.0f} MiB): batches are cut and augmented there")
+    return data.to(device)
+
+
 def init_crop(init: str | None, model_args: dict[str, Any]) -> dict[str, Any] | None:
     """Fine-tuning pretrained weights on a folder: its photos resized and centre-cropped as the weights' publisher
     prepared theirs, the preprocessing the checkpoint keeps and predict, serve and eval apply, so training,

@@ -26,7 +26,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
 from ..runtime.precision import autocast_for
 from .budget import TimeBudget
-from .build import build_data, build_model, model_for_training, preprocessing_for
+from .build import build_data, build_model, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .evaluate import evaluate
@@ -65,7 +65,8 @@ class Trainer:
         self.device = resolve_device(cfg.device, local_rank())
         self.precision = cfg.precision
         torch.manual_seed(cfg.seed + self.rank)
-        self.data = self.data.with_train_fraction(cfg.train_fraction)
+        self.data = resident(self.data.with_train_fraction(cfg.train_fraction), self.device,
+                             log if self.is_main else lambda s: None)
         self._build()
         self.train_model = model_for_training(self.model, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
