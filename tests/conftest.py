@@ -7,7 +7,17 @@ import torch
 # A fixed thread count everywhere, in this process and the training subprocesses: results do not depend on what the
 # thread probe (runtime/threads.py) would pick on a busy or quiet machine; test_speed_choices.py tests the probe
 # itself. Under pytest-xdist (two workers, one per core) one thread each, else two.
-os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
+# (The xdist controller imports this file too, before it starts the workers, which inherit its environment: so a
+# worker sets its own count rather than keeping the one it was handed.) Two workers of two threads each on two
+# cores spin-wait for each other at every operator and ran the suite's training tests three to five times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # The other libraries that start a thread per core, held to this worker's one: XLA (the JAX/Flax references)
+    # and Inductor's compile workers.
+    os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+else:
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # vitkit's cache (decoded datasets, calibration timings) in a folder of this test session, not the user's
 if "VITKIT_CACHE_DIR" not in os.environ:
@@ -26,7 +36,22 @@ def tiny_config(**kw):
     return ViTConfig(**{**base, **kw})
 
 
+# The longest tests (each a minute or more on one core), longest first: handed out one at a time from the front of
+# the queue (--maxschedchunk 1 in pyproject.toml), the two workers finish together instead of one of them running
+# the tutorials alone at the end.
+LONG_FIRST = ("test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
+              "test_tutorial_runs_and_shows_what_it_prints[train-in-minutes]",
+              "test_tutorial_runs_and_shows_what_it_prints[export-serve-scale]",
+              "test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line",
+              "test_tutorial_runs_and_shows_what_it_prints[look-inside]",
+              "test_finetune_recipe_end_to_end_on_ants_bees",
+              "test_the_kernel_source_compiles_against_this_torch",
+              "test_tutorial_runs_and_shows_what_it_prints[why-vits-need-data]")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.name, len(rank)))  # stable: the rest keep their order
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:

@@ -1,4 +1,4 @@
-"""The documentation site builds without warnings, and every tutorial runs as written.
+"""The documentation site builds without warnings, and every tutorial runs as written and prints what it shows.
 
 A tutorial is run top to bottom in a fresh folder: its ```python blocks in one namespace (as a reader pasting
 them into one session would), its ```bash blocks in bash with this environment's ``vitkit`` on PATH, in the order
@@ -6,51 +6,138 @@ they appear, since the tutorials interleave the command line and Python. Blocks 
 not run (they need the internet, a GPU or several machines, or run until stopped). pytest-markdown-docs runs only
 Python blocks and mktestdocs runs each language apart, which loses that order, so the blocks are read with
 markdown-it-py (the CommonMark parser rich uses) and run here.
+
+What a block prints (stdout) is shown on the page in the ```output block right under it, and checked against it:
+a block that prints with no output block under it, or prints something else, fails. ``...`` in an output block
+stands for any text (doctest's ELLIPSIS); in an ```output-varies block every number may differ too (timings,
+accuracies of a training run), the words and the layout may not. ``python tests/test_docs.py --update PAGE``
+runs the page and writes what it printed where the page disagrees.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+from pages import OUTPUT, Fence, outputs, shows  # noqa: E402  the site's own reading of a page (docs/hooks)
+from pages import fences as _fences  # noqa: E402
+
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 
 
-def fences(page: Path) -> list[tuple[str, str, int]]:
-    """(language, code, first line) of every fenced block of ``page``, in order."""
-    tokens = MarkdownIt("commonmark").parse(page.read_text())
-    return [(t.info.split()[0] if t.info else "", t.content, t.map[0] + 2) for t in tokens if t.type == "fence"]
+def fences(page: Path) -> list[Fence]:
+    return _fences(page.read_text())
 
 
-def run_page(page: Path, cwd: Path) -> None:
+def run_page(page: Path, cwd: Path) -> dict[int, str]:
+    """Run every block of ``page`` in ``cwd``; returns what each printed, by its index in ``fences(page)``."""
     namespace: dict = {"__name__": "__main__"}
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                MPLBACKEND="Agg")
+    printed: dict[int, str] = {}
     old = Path.cwd()
     os.chdir(cwd)
     try:
-        for lang, code, line in fences(page):
-            if lang == "python":
-                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
-            elif lang == "bash":
-                done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env,
+        for i, f in enumerate(fences(page)):
+            if f.lang == "python":
+                buf = io.StringIO()
+                with contextlib.redirect_stdout(buf):
+                    exec(compile("\n" * (f.line - 1) + f.code, str(page), "exec"), namespace)
+                printed[i] = buf.getvalue()
+            elif f.lang == "bash":
+                done = subprocess.run(["bash", "-euo", "pipefail", "-c", f.code], cwd=cwd, env=env,
                                       capture_output=True, text=True)
-                print(done.stdout, done.stderr[-3000:], sep="\n")
                 assert done.returncode == 0, (
-                    f"{page.name}:{line}: exit {done.returncode}\n{code}\n{done.stderr[-3000:]}")
+                    f"{page.name}:{f.line}: exit {done.returncode}\n{f.code}\n{done.stderr[-3000:]}")
+                printed[i] = done.stdout
     finally:
         os.chdir(old)
+    return printed
 
 
-@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
-def test_tutorial_runs(page: Path, tmp_path: Path) -> None:
-    assert fences(page), f"{page.name} has no code"
-    run_page(page, tmp_path)
+def mismatches(page: Path, printed: dict[int, str]) -> list[str]:
+    """Where the page does not show what its blocks printed, one message each."""
+    blocks = fences(page)
+    shown = outputs(blocks)
+    bad = [f"{page.name}:{f.line}: an output block under no code block" for f in blocks
+           if f.lang in OUTPUT and f.shows is None]
+    for i, got in printed.items():
+        want = shown.get(i)
+        where = f"{page.name}:{blocks[i].line}"
+        if want is None and got.strip():
+            bad.append(f"{where}: prints, but the page shows no ```output block under it:\n{got}")
+        elif want is not None and not shows(want.code, got, want.lang == "output-varies"):
+            bad.append(f"{where}: printed\n{got}\nbut the page shows\n{want.code}")
+    return bad
+
+
+def update_page(page: Path, printed: dict[int, str]) -> int:
+    """Write what the blocks printed into the page where it disagrees (a new output block where there is none);
+    returns how many blocks changed. Output blocks that still match are kept as they are (with their ``...``)."""
+    blocks = fences(page)
+    lines = page.read_text().splitlines(keepends=True)
+    shown = outputs(blocks)
+    changed = 0
+    for i in sorted(printed, reverse=True):  # from the bottom, so that earlier line numbers stay right
+        got, want = printed[i].rstrip("\n"), shown.get(i)
+        if want is not None and shows(want.code, got, want.lang == "output-varies"):
+            continue
+        if want is None and not got.strip():
+            continue
+        lang = want.lang if want is not None else "output"
+        new = [f"```{lang}\n", *(line + "\n" for line in got.splitlines()), "```\n"]
+        if want is not None:
+            lines[want.start:want.end] = new
+        else:
+            lines[blocks[i].end:blocks[i].end] = new
+        changed += 1
+    page.write_text("".join(lines))
+    return changed
+
+
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
+def test_tutorial_runs_and_shows_what_it_prints(page: Path, tmp_path: Path) -> None:
+    assert any(f.lang in ("python", "bash") for f in fences(page)), f"{page.name} has no code"
+    bad = mismatches(page, run_page(page, tmp_path))
+    assert not bad, "\n\n".join(bad) + f"\n\n(`python tests/test_docs.py --update {page.relative_to(ROOT)}` " \
+        "writes what the page printed; keep `...` where a value is not the page's point)"
+
+
+CODE_WIDTH = 80  # what a code box on the site shows without scrolling (1280-pixel screen, menus open)
+
+
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
+def test_code_lines_fit_the_code_box(page: Path) -> None:
+    """No comment (a shape, say) hides past the right edge of a code box."""
+    wide = [f"{page.name}:{f.line + i}: {len(line)} characters" for f in fences(page)
+            if f.lang in ("python", "bash", "console") for i, line in enumerate(f.code.splitlines())
+            if len(line) > CODE_WIDTH]
+    assert not wide, f"code lines wider than {CODE_WIDTH} characters:\n" + "\n".join(wide)
+
+
+def test_the_output_check_fails_on_a_page_that_shows_something_else(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```python\nprint('shape', (1, 197, 768))\n```\n\n```output\nshape (1, 196, 768)\n```\n\n"
+                    "```bash\necho 'val_top1=97.22 elapsed_s=31.0'\n```\n\n```output-varies\n"
+                    "val_top1=95.00 elapsed_s=28.4\n```\n\n```python\nprint('unshown')\n```\n\n"
+                    "Text between.\n\n```output\nstray\n```\n")
+    bad = mismatches(page, run_page(page, tmp_path))
+    assert len(bad) == 3, bad
+    assert "printed\nshape (1, 197, 768)" in bad[1] and "shows no ```output block" in bad[2]
+    assert "output block under no code block" in bad[0]
+    assert update_page(page, run_page(page, tmp_path)) == 2
+    assert mismatches(page, run_page(page, tmp_path)) == [f"p.md:{fences(page)[-1].line}: an output block under "
+                                                          "no code block"]
+    assert shows("epoch 1 ...\nfinal: 9...%", "epoch 1 loss 2.3\nepoch 2 loss 1.1\nfinal: 97%", False)
+    assert not shows("(1, 196, 768)", "(1, 197, 768)", False) and shows("196", "197", True)
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:
@@ -61,6 +148,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert (site / "reference" / "api" / "index.html").exists()
     page = (site / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
     assert "javascripts/katex/katex.min.js" in page and "cdn." not in page  # the renderer ships with the site
+    assert 'class="output"' in page and "(1, 3, 224, 224)" in page  # what the code printed, under it
     _math_renders_offline(site / "tutorials" / "vit-shape-by-shape" / "index.html")
 
 
@@ -89,21 +177,28 @@ def _math_renders_offline(page: Path) -> None:
 
 
 def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
-    import importlib.util
+    import results as hooks  # docs/hooks/results.py
 
-    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
     f = tmp_path / "r.csv"
     f.write_text("task,cpu_kind,top1\nfmnist 5 min,amx,92.1\nfmnist 5 min,amx,92.2\nfmnist 5 min,avx2,88.0\n"
                  "cifar,avx2,76.3\n")
-    table = hooks.csv_pivot(str(f), "task", "cpu_kind", "top1", "results.md").split("\n\n")[0]
+    table = hooks.csv_pivot(str(f), "task", "cpu_kind", "top1", "r.csv").split("\n\n")[0]
     assert table.splitlines() == ["| task | amx | avx2 |", "|---|---|---|", "| fmnist 5 min | 92.1; 92.2 | 88.0 |",
                                   "| cifar | – | 76.3 |"]
     with pytest.raises(ValueError, match=r"r.csv: no column\(s\) \['cpu'\]"):
-        hooks.csv_pivot(str(f), "task", "cpu", "top1", "results.md")
+        hooks.csv_pivot(str(f), "task", "cpu", "top1", "r.csv")
 
 
-# python tests/test_docs.py PAGE.md DIR: run one page in DIR (the figures it draws land there)
+# python tests/test_docs.py PAGE.md [DIR]: run one page in DIR (a new temporary folder by default; the figures it
+# draws land there) and say where it does not show what it printed; with --update, write that into the page.
 if __name__ == "__main__":
-    run_page(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
+    args = [a for a in sys.argv[1:] if a != "--update"]
+    target = Path(args[0]).resolve()
+    folder = Path(args[1]).resolve() if len(args) > 1 else Path(tempfile.mkdtemp(prefix="vitkit-page-"))
+    out = run_page(target, folder)
+    if "--update" in sys.argv:
+        print(f"{target.name}: {update_page(target, out)} output block(s) written (ran in {folder})")
+    else:
+        problems = mismatches(target, out)
+        print("\n\n".join(problems) or f"{target.name}: shows what it prints (ran in {folder})")
+        sys.exit(1 if problems else 0)

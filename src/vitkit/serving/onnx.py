@@ -69,12 +69,22 @@ def write_metadata(path: Path, values: dict[str, object]) -> None:
     atomic_write(path, lambda p: onnx.save(proto, str(p)))
 
 
-def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3) -> float:
+def ort_session(path: str | Path, threads: int | None = None):  # type: ignore[no-untyped-def]
+    """An onnxruntime CPU session on ``threads`` threads (default: the ones torch was given, by ``--threads``,
+    OMP_NUM_THREADS or the planner). onnxruntime's own default is one spinning thread per core, which holds back
+    every other process on a shared machine."""
     import onnxruntime as ort  # optional: the onnx extra
 
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3) -> float:
     c = model.config
     x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size), generator=torch.Generator().manual_seed(0))
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort_session(path)
     got = sess.run(["logits"], {"pixel_values": x.numpy()})[0]
     with torch.no_grad():
         want = model.float().eval()(x).numpy()
@@ -140,13 +150,9 @@ class OnnxModel(torch.nn.Module):
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
         super().__init__()
-        import onnxruntime as ort  # optional: the onnx extra
-
         self.path = Path(path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()  # what --threads / apply_threads chose
         try:
-            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+            self.session = ort_session(self.path, threads)
         except Exception as e:  # onnxruntime raises its own classes for missing, truncated or invalid files
             raise ValueError(f"{self.path}: not an ONNX model onnxruntime can run ({str(e).splitlines()[0]})") from None
         meta = self.session.get_modelmeta().custom_metadata_map
