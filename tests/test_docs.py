@@ -27,10 +27,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "hooks"))
-from pages import OUTPUT, Fence, outputs, shows  # noqa: E402  the site's own reading of a page (docs/hooks)
+from pages import OUTPUT, RUN, Fence, outputs, shows  # noqa: E402  the site's own reading of a page (docs/hooks)
 from pages import fences as _fences  # noqa: E402
 
-TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+PAGES = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+TUTORIALS = [p for p in PAGES if len(p.suffixes) == 1]  # NAME.md; its translations are NAME.ko.md and the like
+
+
+def translations(page: Path) -> list[Path]:
+    return sorted(page.parent.glob(page.name.replace(".md", ".*.md")))
 
 
 def fences(page: Path) -> list[Fence]:
@@ -105,8 +110,10 @@ def update_page(page: Path, printed: dict[int, str]) -> int:
 
 @pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
 def test_tutorial_runs_and_shows_what_it_prints(page: Path, tmp_path: Path) -> None:
+    """The page and its translations, which run the same code (checked below): one run checks what each shows."""
     assert any(f.lang in ("python", "bash") for f in fences(page)), f"{page.name} has no code"
-    bad = mismatches(page, run_page(page, tmp_path))
+    printed = run_page(page, tmp_path)
+    bad = [m for p in (page, *translations(page)) for m in mismatches(p, printed)]
     assert not bad, "\n\n".join(bad) + f"\n\n(`python tests/test_docs.py --update {page.relative_to(ROOT)}` " \
         "writes what the page printed; keep `...` where a value is not the page's point)"
 
@@ -114,7 +121,7 @@ def test_tutorial_runs_and_shows_what_it_prints(page: Path, tmp_path: Path) -> N
 CODE_WIDTH = 80  # what a code box on the site shows without scrolling (1280-pixel screen, menus open)
 
 
-@pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
+@pytest.mark.parametrize("page", PAGES, ids=[p.name.removesuffix(".md") for p in PAGES])
 def test_code_lines_fit_the_code_box(page: Path) -> None:
     """No comment (a shape, say) hides past the right edge of a code box."""
     wide = [f"{page.name}:{f.line + i}: {len(line)} characters" for f in fences(page)
@@ -140,16 +147,62 @@ def test_the_output_check_fails_on_a_page_that_shows_something_else(tmp_path: Pa
     assert not shows("(1, 196, 768)", "(1, 197, 768)", False) and shows("196", "197", True)
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in TUTORIALS], ids=lambda p: p.name.removesuffix(".md"))
+def test_a_translated_page_runs_and_shows_the_code_of_its_english_page(page: Path) -> None:
+    """A translation changes the prose, never the code: the same blocks, the same outputs, in the same order (so
+    the English page's run is this page's run)."""
+    english = page.with_name(page.name.split(".")[0] + ".md")
+    code = [[(f.lang, f.code) for f in fences(p) if f.lang in RUN + OUTPUT] for p in (page, english)]
+    assert code[0] == code[1], f"{page.name} does not run the code of {english.name}"
+
+
+def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_edition(tmp_path: Path) -> None:
+    import json
+
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    import annotated  # docs/hooks/annotated.py
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-5000:]
     site = tmp_path / "site"
     assert (site / "reference" / "api" / "index.html").exists()
     page = (site / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
     assert "javascripts/katex/katex.min.js" in page and "cdn." not in page  # the renderer ships with the site
-    assert 'class="output"' in page and "(1, 3, 224, 224)" in page  # what the code printed, under it
+    assert 'class="output"' in page and "image (1, 3, 224, 224) patches 196" in page  # what the code printed
+    for figure in ("patch-grid.png", "vit-diagram.png"):  # drawn at the build
+        assert (site / "figures" / figure).stat().st_size > 10_000 and f"figures/{figure}" in page
+    # every tutorial as a notebook, its code cells the page's blocks and their outputs what the page shows
+    for md in TUTORIALS:
+        name = md.name.removesuffix(".md")
+        ipynb = site / "tutorials" / f"{name}.ipynb"
+        nb = nbformat.reads(ipynb.read_text(), as_version=4)
+        nbformat.validate(nb)
+        blocks = [f for f in fences(md) if f.lang in RUN]
+        cells = [c for c in nb.cells if c.cell_type == "code"]
+        assert [c.source.removeprefix("%%bash\n") for c in cells] == [f.code.rstrip("\n") for f in blocks], md.name
+        shown = outputs(fences(md))
+        assert sum(bool(c.outputs) for c in cells) == len(shown), md.name
+    assert f'href="vit-shape-by-shape.ipynb"' in page or "vit-shape-by-shape.ipynb" in page
+    # the Korean edition: its own pages, the English ones where none is translated, the language switch
+    ko = (site / "ko" / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
+    assert "텐서 모양을 따라가며" in ko and "image (1, 3, 224, 224) patches 196" in ko and 'lang="ko"' in ko
+    assert (site / "ko" / "tutorials" / "look-inside" / "index.html").exists()  # falls back to English
+    assert "한국어" in page and "/ko/" in page
+    # the annotated model holds every line of model/vit.py that is not a docstring
+    annotated_page = (site / "reference" / "annotated-vit" / "index.html").read_text()
+    source = annotated.SOURCE.read_text()
+    code = "\n".join(c for _, _, c in annotated.sections(source))
+    skip = annotated._docstring_lines(__import__("ast").parse(source))
+    missing = [line for i, line in enumerate(source.splitlines(), 1)
+               if i not in skip and line.strip() and line not in code]
+    assert not missing and "class Attention" in annotated_page and "katex" in annotated_page, missing[:5]
+    assert json.loads((site / "search" / "search_index.json").read_text())["docs"]
     _math_renders_offline(site / "tutorials" / "vit-shape-by-shape" / "index.html")
+    _math_renders_offline(site / "ko" / "tutorials" / "vit-shape-by-shape" / "index.html")
 
 
 def _math_renders_offline(page: Path) -> None:
@@ -190,15 +243,17 @@ def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
 
 
 # python tests/test_docs.py PAGE.md [DIR]: run one page in DIR (a new temporary folder by default; the figures it
-# draws land there) and say where it does not show what it printed; with --update, write that into the page.
+# draws land there) and say where it, or a translation of it, does not show what it printed; with --update, write
+# that into them.
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--update"]
     target = Path(args[0]).resolve()
     folder = Path(args[1]).resolve() if len(args) > 1 else Path(tempfile.mkdtemp(prefix="vitkit-page-"))
     out = run_page(target, folder)
     if "--update" in sys.argv:
-        print(f"{target.name}: {update_page(target, out)} output block(s) written (ran in {folder})")
+        for p in (target, *translations(target)):
+            print(f"{p.name}: {update_page(p, out)} output block(s) written (ran in {folder})")
     else:
-        problems = mismatches(target, out)
+        problems = [m for p in (target, *translations(target)) for m in mismatches(p, out)]
         print("\n\n".join(problems) or f"{target.name}: shows what it prints (ran in {folder})")
         sys.exit(1 if problems else 0)

@@ -1,7 +1,8 @@
 """Every format vitkit writes, for models that differ from what a reader would guess (4 heads at width 64, GAP with
 fc_norm, a MAP head, a CNN stem, a non-square input, a sin-cos position embedding): read back by vitkit *and* by the
-format's own reader (timm, transformers, onnxruntime) with the logits compared, or refused by name when the format
-cannot hold the model."""
+format's own reader (timm, transformers, onnxruntime, and for the official layout a Flax model with the official
+code's module structure, tests/flax_reference.py) with the logits compared, or refused by name when the format
+cannot hold the model. int8 ONNX files are run by onnxruntime and read back with their config."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ MODELS = {
     "non-square": dict(embed_dim=64, num_heads=4, img_size=(32, 48)),
     "sincos": dict(embed_dim=64, num_heads=4, pos_embed="sincos2d"),
 }
-FORMATS = ("safetensors", "timm", "hf", "jax", "onnx")
+FORMATS = ("safetensors", "timm", "hf", "jax", "onnx", "int8")
 # what a format cannot hold: refused by name at export, never written wrong
 CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"), ("hf", "sincos"),
           ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
@@ -56,11 +57,35 @@ def _reference(fmt: str, out, m) -> torch.Tensor | None:
         ref = transformers.ViTForImageClassification.from_pretrained(str(out)).eval()
         with torch.no_grad():
             return ref(pixel_values=x).logits
-    if fmt == "onnx":
+    if fmt in ("onnx", "int8"):
         ort = pytest.importorskip("onnxruntime")
         s = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
         return torch.from_numpy(s.run(None, {s.get_inputs()[0].name: x.numpy()})[0])
+    if fmt == "jax" and m.config.pool == "cls" and not m.config.hybrid:
+        return _flax_logits(out, m, x)
     return None
+
+
+def _flax_logits(npz, m, x: torch.Tensor) -> torch.Tensor:
+    """The official vision_transformer module structure (Flax Linen) applied to the file: its keys unflattened as
+    the official loader does, the released files' block numbering renamed to Linen's (flax's convert_pre_linen)."""
+    pytest.importorskip("flax")
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import traverse_util
+    from flax.training.checkpoints import convert_pre_linen
+
+    import flax_reference as ref  # tests/ is on sys.path
+
+    c = m.config
+    flat = dict(np.load(npz))
+    params = convert_pre_linen(traverse_util.unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()}))
+    patch = (c.patch_size, c.patch_size) if isinstance(c.patch_size, int) else tuple(c.patch_size)
+    module = ref.VisionTransformer(num_classes=c.num_classes, patches=patch, hidden_size=c.embed_dim,
+                                   num_layers=c.depth, num_heads=c.num_heads, mlp_dim=int(c.embed_dim * c.mlp_ratio),
+                                   approximate=False)  # vitkit's GELU is the exact one
+    y = module.apply({"params": params}, jnp.asarray(x.permute(0, 2, 3, 1).numpy()))
+    return torch.from_numpy(np.asarray(y))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -72,12 +97,13 @@ def test_every_format_round_trips_or_is_refused_by_name(tmp_path, capsys, name):
     with torch.no_grad():
         want = m(x)
     for fmt in FORMATS:
-        if fmt == "onnx" and name not in ("heads4", "non-square", "hybrid"):
-            continue  # ONNX exports take seconds each: one plain, one non-square, one hybrid
-        suffix = {"timm": "safetensors", "jax": "npz"}.get(fmt, fmt)
+        if fmt in ("onnx", "int8") and name not in ("heads4", "non-square", "hybrid", "map"):
+            continue  # ONNX exports take seconds each: one plain, one non-square, one hybrid, one MAP head
+        suffix = {"timm": "safetensors", "jax": "npz", "int8": "onnx"}.get(fmt, fmt)
         out = tmp_path / f"out-{fmt}.{suffix}" if fmt != "hf" else tmp_path / "out-hf"
         capsys.readouterr()
-        code = main(["export", "--checkpoint", str(src), "--format", fmt, "--out", str(out)])
+        flags = ["--format", "onnx", "--int8"] if fmt == "int8" else ["--format", fmt]
+        code = main(["export", "--checkpoint", str(src), *flags, "--out", str(out)])
         err = capsys.readouterr().err
         if (fmt, name) in CANNOT:
             assert code == 2 and "error:" in err and not out.exists(), (fmt, name, err)
@@ -87,6 +113,13 @@ def test_every_format_round_trips_or_is_refused_by_name(tmp_path, capsys, name):
         if fmt == "onnx":
             back_logits = _reference("onnx", out, m)
             torch.testing.assert_close(back_logits, want, atol=1e-4, rtol=1e-4)
+            continue
+        if fmt == "int8":  # int8 weights move the logits a little: within the export's own bound, same config
+            from vitkit.serving.onnx import INT8_LIMIT, OnnxModel, relative_error
+
+            assert relative_error(_reference("int8", out, m), want) < INT8_LIMIT, name
+            back = OnnxModel(out)
+            assert back.config == m.config and back.int8, name
             continue
         back = vitkit.load(out, **extra).eval()
         assert back.config.num_heads == m.config.num_heads and back.config.pool == m.config.pool, (fmt, name)
