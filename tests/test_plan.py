@@ -214,3 +214,30 @@ def test_inference_dtype_is_timed_and_cached(monkeypatch):
     assert vitkit.optimize_for_inference(model).calibration.cached
     assert vitkit.optimize_for_inference(model, dtype=None).precision == "fp32"  # asked for: no timing
     assert vitkit.optimize_for_inference(model, dtype=torch.bfloat16).calibration is None
+
+
+def test_the_bias_after_the_matmul_gives_the_same_logits_and_is_chosen_only_when_timed_faster(monkeypatch):
+    from vitkit.runtime import inference
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, depth=2, num_classes=4).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+    split = inference.optimize_for_inference(model, dtype=None)
+    assert inference.split_bias(split.model) == 2 * 4 + 1  # qkv, proj, fc1, fc2 per block, and the head
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(split(x), model(x), rtol=1e-5, atol=1e-6)  # the same sums, bias added last
+    assert list(split.state_dict()) == list(inference.optimize_for_inference(model, dtype=None).state_dict())
+    # the staged timing: dtype and path first, then the bias on the winner; the later stage decides
+    for faster in ("split", "addmm"):
+        def fake_time(what, candidates, make, **kw):
+            secs = {"split": 0.01 if faster == "split" else 0.02, "addmm": 0.015}
+            return Calibration(what, [Timing(c, secs[c["bias"]] if "bias" in c else
+                                             (0.012 if c == {"dtype": "fp32", "attention": "exact"} else 0.05), 3)
+                                      for c in candidates])
+        monkeypatch.setattr(cal_mod, "time_candidates", fake_time)
+        fast = inference.optimize_for_inference(model, batch_size=3 if faster == "split" else 2)
+        assert fast.calibration.best.settings == {"dtype": "fp32", "attention": "exact", "bias": faster}
+        assert fast.precision == "fp32" and fast.model.blocks[0].attn.impl == "exact"
+        assert isinstance(fast.model.blocks[0].mlp.fc1, inference.SplitBiasLinear) == (faster == "split")
+        assert "<- chosen" in fast.calibration.table().splitlines()[-1 if faster == "split" else -2]

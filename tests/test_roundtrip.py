@@ -26,6 +26,11 @@ CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "
           ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
 
 
+# where the format has no reader of its own to compare with: vitkit's own files, and official files that only
+# vitkit's and timm's loaders read (big_vision's MAP head beside vision_transformer's blocks)
+NO_READER = {("safetensors", n) for n in MODELS} | {("jax", "map")}
+
+
 def _model(name: str) -> vitkit.VisionTransformer:
     torch.manual_seed(0)
     kw = dict(img_size=32, patch_size=8, depth=2, num_classes=5, in_chans=3)
@@ -85,7 +90,7 @@ def _flax_logits(npz, m, x: torch.Tensor) -> torch.Tensor:
                                    num_layers=c.depth, num_heads=c.num_heads, mlp_dim=int(c.embed_dim * c.mlp_ratio),
                                    approximate=False)  # vitkit's GELU is the exact one
     y = module.apply({"params": params}, jnp.asarray(x.permute(0, 2, 3, 1).numpy()))
-    return torch.from_numpy(np.asarray(y))
+    return torch.from_numpy(np.array(y))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -130,6 +135,7 @@ def test_every_format_round_trips_or_is_refused_by_name(tmp_path, capsys, name):
         tol = 1e-4 if fmt != "jax" else 2e-3  # the official layout's GELU is tanh-approximate: exact here too?
         torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=f"{fmt} {name}")
         ref = _reference(fmt, out, m)
+        assert ref is not None or (fmt, name) in NO_READER, (fmt, name)
         if ref is not None:
             torch.testing.assert_close(ref, want, atol=1e-4, rtol=1e-4, msg=f"{fmt} reader {name}")
 

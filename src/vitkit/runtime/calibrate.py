@@ -57,30 +57,41 @@ class Calibration:
     cached: bool = False
     seconds_spent: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. a compile time
+    chosen: dict[str, Any] | None = None  # a later stage's winner (see ``then``); else the fastest timing
 
     @property
     def best(self) -> Timing:
+        if self.chosen is not None:
+            return next(t for t in self.timings if t.settings == self.chosen)
         timed = [t for t in self.timings if t.seconds is not None]
         if not timed:
             raise RuntimeError(f"calibration of {self.what}: no candidate could be timed")
         return min(timed, key=lambda t: t.seconds)  # type: ignore[arg-type, return-value]
+
+    def then(self, later: "Calibration") -> "Calibration":
+        """This calibration followed by ``later``, which timed variants of this one's best: every timing of both,
+        the choice ``later``'s (timings from separate stages are not compared with each other)."""
+        return Calibration(self.what, self.timings + later.timings, self.cached and later.cached,
+                           self.seconds_spent + later.seconds_spent, {**self.extra, **later.extra},
+                           later.best.settings)
 
     def seconds_of(self, **settings: Any) -> float | None:
         return next((t.seconds for t in self.timings if t.settings == settings), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"what": self.what, "timings": [asdict(t) for t in self.timings], "extra": self.extra,
-                "seconds_spent": round(self.seconds_spent, 3)}
+                "seconds_spent": round(self.seconds_spent, 3), "chosen": self.chosen}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], cached: bool = True) -> "Calibration":
         return cls(d["what"], [Timing(**t) for t in d["timings"]], cached, d.get("seconds_spent", 0.0),
-                   d.get("extra", {}))
+                   d.get("extra", {}), d.get("chosen"))
 
     def table(self) -> str:
         """The candidates, fastest first: ``  bf16 sdpa      41.2 ms  1.00x  <- chosen``."""
         best = self.best
-        rows = sorted(self.timings, key=lambda t: (t.seconds is None, t.seconds or 0.0))
+        rows = self.timings if self.chosen is not None else \
+            sorted(self.timings, key=lambda t: (t.seconds is None, t.seconds or 0.0))
         width = max(len(t.name) for t in rows)
         lines = []
         for t in rows:
