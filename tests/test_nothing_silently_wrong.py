@@ -36,6 +36,30 @@ def test_eval_of_a_single_file_checkpoint_writes_beside_it(run_dir, tmp_path, ca
     assert "Not a directory" not in capsys.readouterr().err
 
 
+def test_predict_on_many_large_photos_keeps_memory_bounded(run_dir, tmp_path):
+    """A folder of 12-megapixel JPEGs: decoded a batch at a time, each at the size the model needs (all at once at
+    full size took 1.5 GB for 15 of them)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    noise = np.random.default_rng(0).integers(0, 255, (375, 500, 3), dtype=np.uint8)
+    Image.fromarray(noise).resize((4000, 3000)).save(tmp_path / "0.jpg", quality=80)
+    for i in range(1, 40):
+        shutil.copy(tmp_path / "0.jpg", tmp_path / f"{i}.jpg")
+    code = ("import resource, json; from vitkit.cli.main import main\n"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            f"assert main(['predict', '--checkpoint', {str(run_dir / 'best')!r}, {str(tmp_path)!r}, '--json']) == 0\n"
+            "print('grown', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    answers = json.loads(r.stdout[:r.stdout.rindex("grown")])
+    assert len(answers) == 40 and all(len(a["top"]) == 5 for a in answers)
+    assert int(r.stdout.rsplit(" ", 1)[1]) < 300  # 40 photos at full size: 1.4 GB
+
+
 def test_predict_takes_an_image_after_pretrained_as_an_image(tmp_path, capsys, monkeypatch):
     img = tmp_path / "a.png"
     Image.new("RGB", (16, 16)).save(img)
