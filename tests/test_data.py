@@ -188,3 +188,24 @@ def test_batch_augment_normalises_and_mixes():
     xt, yt = aug(x, y, train=True)
     assert xt.shape == (16, 1, 8, 8) and yt.shape == (16, 10)
     torch.testing.assert_close(yt.sum(1), torch.ones(16))
+
+
+def test_the_digits_read_back_from_the_cache_are_scikit_learns_split(tmp_path):
+    """The digits are kept in vitkit's cache after the first read (importing scikit-learn costs 2 s a run): what
+    comes back is scikit-learn's own images and stratified split, bit for bit."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from vitkit.data.datasets import load_digits_splits
+
+    d = load_digits()
+    tr, va = train_test_split(np.arange(len(d.target)), test_size=0.2, random_state=0, stratify=d.target)
+    first = load_digits_splits(cache_dir=str(tmp_path))
+    assert len(list(tmp_path.glob("digits-*.safetensors"))) == 1
+    again = load_digits_splits(cache_dir=str(tmp_path))
+    for got in (first, again):
+        assert torch.equal(got.train.labels, torch.from_numpy(d.target[tr]))
+        assert torch.equal(got.val.labels, torch.from_numpy(d.target[va]))
+        want = torch.from_numpy(np.round(d.images[va] * 255 / 16).astype(np.uint8))[:, None]
+        assert torch.equal(got.val.images, want) and got.classes == [str(i) for i in range(10)]

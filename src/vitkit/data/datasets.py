@@ -15,23 +15,33 @@ import torchvision
 
 from .folder import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES, load_folder_splits  # noqa: F401 (their old home)
 from .images import to_array
-from .splits import DataSplits, ImageTensors
+from .splits import DataSplits, ImageTensors, load_cached, save_cached
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "fake")
 FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 # --------------------------------------------------------------------------------------------- digits
-def load_digits_splits(val_fraction: float = 0.2, seed: int = 0) -> DataSplits:
-    """scikit-learn's 1,797 real 8x8 handwritten digits (values 0-16), a fixed stratified split."""
-    from sklearn.datasets import load_digits  # scikit-learn's import (≈1 s) only for the digits
+def load_digits_splits(val_fraction: float = 0.2, seed: int = 0, cache_dir: str | None = None) -> DataSplits:
+    """scikit-learn's 1,797 real 8x8 handwritten digits (values 0-16), a fixed stratified split; kept in
+    ``cache_dir`` per scikit-learn version, since importing scikit-learn takes 2 s of every run that reads them."""
+    from importlib.metadata import version
+
+    classes = [str(i) for i in range(10)]
+    key = f"digits-sklearn{version('scikit-learn')}-{val_fraction}-{seed}"
+    cache = Path(cache_dir) / f"{key}.safetensors" if cache_dir else None
+    if (hit := load_cached(cache)) is not None:
+        return DataSplits("digits", hit[0], hit[1], classes)
+    from sklearn.datasets import load_digits  # scikit-learn's import (≈2 s) only for the digits
     from sklearn.model_selection import train_test_split  # (the same)
 
     d = load_digits()
     x = torch.from_numpy(np.round(d.images * (255 / 16)).astype(np.uint8))[:, None]  # n h w -> n 1 h w
     y = torch.from_numpy(d.target.astype(np.int64))
     tr, va = train_test_split(np.arange(len(y)), test_size=val_fraction, random_state=seed, stratify=d.target)
-    return DataSplits("digits", ImageTensors(x[tr], y[tr]), ImageTensors(x[va], y[va]), [str(i) for i in range(10)])
+    train, val = ImageTensors(x[tr], y[tr]), ImageTensors(x[va], y[va])
+    save_cached(cache, train, val, {"classes": classes})
+    return DataSplits("digits", train, val, classes)
 
 
 # --------------------------------------------------------------------------------------------- IDX (MNIST)
@@ -129,7 +139,7 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
     """One entry point for every dataset name in :data:`DATASETS` (``crop``: a folder's images resized and cropped
     as pretrained weights expect them, ``images.crop_spec``)."""
     if name == "digits":
-        return load_digits_splits()
+        return load_digits_splits(cache_dir=cache_dir)
     if name in ("mnist", "fashion-mnist"):
         return load_idx_splits(name, data_dir, download)
     if name in ("cifar10", "cifar100"):

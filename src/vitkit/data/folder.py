@@ -15,11 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from ..model.serialization import atomic_write
 from .images import BadImageError, crop_decode_side, decode_within, fit_within, is_gray, resize_and_crop, to_array
-from .splits import DataSplits, ImageTensors
+from .splits import DataSplits, ImageTensors, load_cached, save_cached
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -168,11 +166,8 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    if cache is not None and cache.is_file():
-        t = load_file(str(cache))
-        meta = json.loads(Path(str(cache) + ".json").read_text())
-        return DataSplits(f"folder:{path}", ImageTensors(t["train_x"], t["train_y"]),
-                          ImageTensors(t["val_x"], t["val_y"]), meta["classes"], meta["skipped"])
+    if (hit := load_cached(cache)) is not None:
+        return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     items = {s: [(n, ci) for ci, c in enumerate(classes) for n in src.files[s][c]] for s in ("train", val_split)}
     decoded: dict[str, list] = {}
     full_sizes: Counter = Counter()
@@ -206,10 +201,5 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))
         y = torch.tensor([ci for _, ci in decoded[s]], dtype=torch.int64)
         tensors.append(ImageTensors(x, y))
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(Path(str(cache) + ".json"), lambda p: p.write_text(json.dumps({"classes": classes,
-                                                                                     "skipped": skipped})))
-        atomic_write(cache, lambda p: save_file({"train_x": tensors[0].images, "train_y": tensors[0].labels,
-                                                 "val_x": tensors[1].images, "val_y": tensors[1].labels}, str(p)))
+    save_cached(cache, tensors[0], tensors[1], {"classes": classes, "skipped": skipped})
     return DataSplits(f"folder:{path}", tensors[0], tensors[1], classes, skipped)

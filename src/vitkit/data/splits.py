@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from ..model.serialization import atomic_write
 
 
 @dataclass
@@ -69,3 +75,23 @@ class DataSplits:
         h, w = self.img_size
         return (f"{self.name}: {len(self.train)} train / {len(self.val)} val images, {h}x{w}x{self.in_chans}, "
                 f"{self.num_classes} classes" + (f", {self.skipped} bad images skipped" if self.skipped else ""))
+
+
+# ------------------------------------------------------------------------------------------ decoded once, then read
+def load_cached(cache: Path | None) -> tuple[ImageTensors, ImageTensors, dict[str, Any]] | None:
+    """The train and validation tensors and the metadata ``save_cached`` wrote at ``cache``, or None."""
+    if cache is None or not cache.is_file():
+        return None
+    t = load_file(str(cache))
+    meta = json.loads(Path(str(cache) + ".json").read_text())
+    return ImageTensors(t["train_x"], t["train_y"]), ImageTensors(t["val_x"], t["val_y"]), meta
+
+
+def save_cached(cache: Path | None, train: ImageTensors, val: ImageTensors, meta: dict[str, Any]) -> None:
+    """Keep decoded splits as safetensors (plain tensors: nothing executes on reading them back)."""
+    if cache is None:
+        return
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(str(cache) + ".json"), lambda p: p.write_text(json.dumps(meta)))
+    atomic_write(cache, lambda p: save_file({"train_x": train.images, "train_y": train.labels,
+                                             "val_x": val.images, "val_y": val.labels}, str(p)))
