@@ -84,16 +84,19 @@ def mismatches(page: Path, printed: dict[int, str]) -> list[str]:
     return bad
 
 
-def update_page(page: Path, printed: dict[int, str]) -> int:
+def update_page(page: Path, printed: dict[int, str], refresh: bool = False) -> int:
     """Write what the blocks printed into the page where it disagrees (a new output block where there is none);
-    returns how many blocks changed. Output blocks that still match are kept as they are (with their ``...``)."""
+    returns how many blocks changed. Output blocks that still match are kept as they are (with their ``...``),
+    except, with ``refresh``, an ```output-varies block without ``...``: it then shows this run's numbers."""
     blocks = fences(page)
     lines = page.read_text().splitlines(keepends=True)
     shown = outputs(blocks)
     changed = 0
     for i in sorted(printed, reverse=True):  # from the bottom, so that earlier line numbers stay right
         got, want = printed[i].rstrip("\n"), shown.get(i)
-        if want is not None and shows(want.code, got, want.lang == "output-varies"):
+        stale = refresh and want is not None and want.lang == "output-varies" and "..." not in want.code \
+            and want.code.rstrip("\n") != got
+        if want is not None and shows(want.code, got, want.lang == "output-varies") and not stale:
             continue
         if want is None and not got.strip():
             continue
@@ -244,15 +247,15 @@ def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
 
 # python tests/test_docs.py PAGE.md [DIR]: run one page in DIR (a new temporary folder by default; the figures it
 # draws land there) and say where it, or a translation of it, does not show what it printed; with --update, write
-# that into them.
+# that into them (--update --refresh: the numbers of the output-varies blocks too).
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--update"]
+    args = [a for a in sys.argv[1:] if a not in ("--update", "--refresh")]
     target = Path(args[0]).resolve()
     folder = Path(args[1]).resolve() if len(args) > 1 else Path(tempfile.mkdtemp(prefix="vitkit-page-"))
     out = run_page(target, folder)
     if "--update" in sys.argv:
         for p in (target, *translations(target)):
-            print(f"{p.name}: {update_page(p, out)} output block(s) written (ran in {folder})")
+            print(f"{p.name}: {update_page(p, out, '--refresh' in sys.argv)} output block(s) written (ran in {folder})")
     else:
         problems = [m for p in (target, *translations(target)) for m in mismatches(p, out)]
         print("\n\n".join(problems) or f"{target.name}: shows what it prints (ran in {folder})")

@@ -115,6 +115,13 @@ def test_resume_is_exact(tmp_path, stop_at):
     a, b = _weights(ref), _weights(t2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(x, y) for x, y in zip(ref.ema.state_dict().values(), t2.ema.state_dict().values()))
+    # and the log says so: the stopped epoch's train_loss is the mean over all its batches, not those after the stop
+
+    def history(run):
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: r[k] for k in ("epoch", "step", "train_loss", "val_loss", "val_top1")} for r in rows]
+
+    assert history("b") == history("a")
 
 
 def test_a_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -86,6 +86,7 @@ class Trainer:
             if cfg.time_limit else None
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -1.0, 0.0
+        self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.out = Path(cfg.output) if cfg.output else None
         if cfg.resume:
             self._resume(Path(cfg.resume))
@@ -115,7 +116,7 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
-                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch, "epoch_loss": self.epoch_loss,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world}
 
@@ -135,12 +136,13 @@ class Trainer:
         if "cuda" in s["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(s["rng"]["cuda"])
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
+        self.epoch_loss = list(s.get("epoch_loss", [0.0, 0]))
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
         if self.budget:  # keep the plan that fitted the schedule into the budget
             self.total_steps = s["total_steps"]
         if s.get("world", 1) != self.world and self.batch_in_epoch:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
-            self.batch_in_epoch = 0
+            self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
 
@@ -170,8 +172,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
-        """One epoch (or what is left of it after a resume); returns (mean loss, images per second)."""
+        """One epoch (or what is left of it after a resume); returns (the epoch's mean loss, images per second)."""
         cfg = self.cfg
+        if self.batch_in_epoch == 0:
+            self.epoch_loss = [0.0, 0]
         self.train_model.train()
         self.sampler.set_epoch(self.epoch)
         indices = list(iter(self.sampler))[: self.steps_per_epoch * cfg.grad_accum * cfg.batch_size]
@@ -179,7 +183,7 @@ class Trainer:
                      self.device)
         bar = tqdm(total=self.steps_per_epoch * cfg.grad_accum - self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
                    leave=False, mininterval=1.0, dynamic_ncols=True, disable=not self.progress)
-        loss_sum, seen, t0 = 0.0, 0, time.time()
+        seen, t0 = 0, time.time()
         for x, y in it:
             if self.step >= self.total_steps:
                 break
@@ -193,7 +197,8 @@ class Trainer:
             self.batch_in_epoch += 1
             if self.batch_in_epoch % cfg.grad_accum == 0:
                 self._optimizer_step()
-            loss_sum, seen = loss_sum + lv * len(y), seen + len(y)
+            seen += len(y)
+            self.epoch_loss = [self.epoch_loss[0] + lv * len(y), self.epoch_loss[1] + len(y)]
             bar.update(1)
             bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
@@ -201,7 +206,7 @@ class Trainer:
                 self.stop_requested = True
                 break
         bar.close()
-        return loss_sum / max(seen, 1), seen * self.world / max(time.time() - t0, 1e-6)
+        return self.epoch_loss[0] / max(self.epoch_loss[1], 1), seen * self.world / max(time.time() - t0, 1e-6)
 
     def _optimizer_step(self) -> None:
         cfg = self.cfg
