@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 import torchvision
 
-from .folder import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES, load_folder_splits  # noqa: F401 (their old home)
+from .folder import load_folder_splits
 from .images import to_array
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
 
@@ -25,8 +26,6 @@ FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 def load_digits_splits(val_fraction: float = 0.2, seed: int = 0, cache_dir: str | None = None) -> DataSplits:
     """scikit-learn's 1,797 real 8x8 handwritten digits (values 0-16), a fixed stratified split; kept in
     ``cache_dir`` per scikit-learn version, since importing scikit-learn takes 2 s of every run that reads them."""
-    from importlib.metadata import version
-
     classes = [str(i) for i in range(10)]
     key = f"digits-sklearn{version('scikit-learn')}-{val_fraction}-{seed}"
     cache = Path(cache_dir) / f"{key}.safetensors" if cache_dir else None
