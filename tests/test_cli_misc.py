@@ -152,7 +152,8 @@ def test_bench_cli_default_rates_vitkits_chosen_dtype_against_that_dtypes_ceilin
     import vitkit.bench.timing as timing
     from vitkit.runtime import inference
 
-    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=2048, device="cpu": 300e9 if dtype == torch.float32 else 60e9)
+    monkeypatch.setattr(timing, "matmul_ceiling",
+                        lambda dtype, n=2048, device="cpu": 300e9 if dtype == torch.float32 else 60e9)
     monkeypatch.setattr(inference, "choose_inference_dtype", lambda model, batch, refresh=False: (None, None))
     out = tmp_path / "b.json"
     assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--peers", "timm", "--repeats", "1",

@@ -189,7 +189,7 @@ def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_editio
         assert [c.source.removeprefix("%%bash\n") for c in cells] == [f.code.rstrip("\n") for f in blocks], md.name
         shown = outputs(fences(md))
         assert sum(bool(c.outputs) for c in cells) == len(shown), md.name
-    assert f'href="vit-shape-by-shape.ipynb"' in page or "vit-shape-by-shape.ipynb" in page
+    assert 'href="vit-shape-by-shape.ipynb"' in page or "vit-shape-by-shape.ipynb" in page
     # the Korean edition: its own pages, the English ones where none is translated, the language switch
     ko = (site / "ko" / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
     assert "텐서 모양을 따라가며" in ko and "image (1, 3, 224, 224) patches 196" in ko and 'lang="ko"' in ko

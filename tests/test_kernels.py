@@ -153,7 +153,8 @@ def test_the_kernel_source_compiles_against_this_torch(tmp_path):
     if not cpp_extension.is_ninja_available():
         pytest.skip("no ninja")
     code = ("from torch.utils import cpp_extension; from vitkit.runtime.kernels import SOURCE; "
-            f"cpp_extension.load(name='vitkit_compile_check', sources=[str(SOURCE)], build_directory={str(tmp_path)!r}, "
+            "cpp_extension.load(name='vitkit_compile_check', sources=[str(SOURCE)], "
+            f"build_directory={str(tmp_path)!r}, "
             "is_python_module=False, extra_cflags=['-O1', '-mavx512f', '-mavx512bf16', '-mamx-tile', '-mamx-bf16', "
             "'-fopenmp', '-Wall'], extra_ldflags=['-fopenmp'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

@@ -22,8 +22,8 @@ MODELS = {
 }
 FORMATS = ("safetensors", "timm", "hf", "jax", "onnx", "int8")
 # what a format cannot hold: refused by name at export, never written wrong
-CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"), ("hf", "sincos"),
-          ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
+CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"),
+          ("hf", "sincos"), ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
 
 
 # where the format has no reader of its own to compare with: vitkit's own files, and official files that only

@@ -62,8 +62,8 @@ def patch_grid() -> bytes:
         sub.imshow(photo[r * p:(r + 1) * p, c * p:(c + 1) * p])
         sub.set_xticks([]), sub.set_yticks([])
         sub.set_title(f"$x_p^{{{i + 1}}}$", fontsize=9)
-    fig.text(0.72, 0.02, f"... and on to $x_p^{{{n * n}}}$; each patch flattened is {p} * {p} * 3 = {p * p * 3} numbers",
-             ha="center", fontsize=9)
+    fig.text(0.72, 0.02, f"... and on to $x_p^{{{n * n}}}$; each patch flattened is {p} * {p} * 3 = "
+             f"{p * p * 3} numbers", ha="center", fontsize=9)
     return _png(fig)
 
 
@@ -113,7 +113,8 @@ def vit_diagram() -> bytes:
     n, flat = s["patches"][1:]
     box(3.2, 0.6, 4.2, 0.7, "image $x$", "#fde9c9")
     arrow(0.95, 1.75, f"{s['x']}")
-    box(3.2, 2.1, 4.2, 0.7, f"cut into N = {n} patches $x_p$, each flattened\nto $P^2 C$ = {flat} numbers", "#fde9c9", 9)
+    box(3.2, 2.1, 4.2, 0.7, f"cut into N = {n} patches $x_p$, each flattened\nto $P^2 C$ = {flat} numbers",
+        "#fde9c9", 9)
     arrow(2.45, 3.25, f"{s['patches']}")
     box(3.2, 3.6, 4.2, 0.7, "linear projection $E$  (Eq. 1)", "#f9d3d3")
     arrow(3.95, 4.75, f"{s['tokens']}")
@@ -133,8 +134,9 @@ def vit_diagram() -> bytes:
     bx = 8.1
     ax.add_patch(FancyBboxPatch((6.7, 2.2), 2.8, 9.2, boxstyle="round,pad=0.1", fc="#f2f7fd", ec="#333", ls="--"))
     ax.text(bx, 11.1, f"one block, x {s['depth'][0]}", ha="center", fontsize=10, weight="bold")
-    steps = [(3.2, "LayerNorm"), (4.6, f"multi-head self-attention\n{s['heads'][0]} heads, $D_h$ = {s['z0'][2] // s['heads'][0]}"),
-             (6.0, "+ (residual)"), (7.4, "LayerNorm"), (8.8, f"MLP: {s['z0'][2]} -> {s['mlp'][0]} -> {s['z0'][2]}\nGELU between"),
+    d, heads = s["z0"][2], s["heads"][0]
+    steps = [(3.2, "LayerNorm"), (4.6, f"multi-head self-attention\n{heads} heads, $D_h$ = {d // heads}"),
+             (6.0, "+ (residual)"), (7.4, "LayerNorm"), (8.8, f"MLP: {d} -> {s['mlp'][0]} -> {d}\nGELU between"),
              (10.2, "+ (residual)")]
     for y, text in steps:
         box(bx, y, 2.4, 0.8 if "\n" in text else 0.55, text, "#ffffff", 8.5)

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         for e in list_pretrained(args.filter):
             rows.append([e.name, e.arch, str(e.img_size), f"{e.top1:.3f}" if e.top1 is not None else "-",
                          e.labels or "features", e.source])
-        print(_table(rows, _terminal_columns()) + "\n\ntop-1: ImageNet-1k validation as its publisher reports it (timm: "
-              "results-imagenet.csv)")
+        print(_table(rows, _terminal_columns()) + "\n\ntop-1: ImageNet-1k validation as its publisher reports it "
+              "(timm: results-imagenet.csv)")
         return 0
     rows = [["name", "params", "image", "patch", "width", "depth", "heads", "hybrid"]]
     for name in sorted(n for n in PRESETS if args.filter in n):

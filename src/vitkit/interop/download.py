@@ -111,7 +111,7 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None, token: st
 
 
 def _not_cached(repo_id: str, filename: str, why: str) -> None:
-    from huggingface_hub.constants import HF_HUB_CACHE  # huggingface_hub is imported when the Hub is used (start-up time)
+    from huggingface_hub.constants import HF_HUB_CACHE  # imported when the Hub is used (start-up time)
 
     raise DownloadError(f"could not get {filename} of hf.co/{repo_id}: it is not in the cache ({HF_HUB_CACHE}) "
                         f"and {why}. On a machine with internet run `hf download {repo_id} {filename}` "

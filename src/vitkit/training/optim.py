@@ -129,7 +129,8 @@ class Muon(torch.optim.Optimizer):
     update size, decoupled weight decay. Two differences, both for speed: the iterations run in ``ns_dtype``, the
     run's own precision (bf16 only where the planner timed bf16 faster; torch.optim.Muon always uses bf16, which a CPU
     without native bf16 emulates, many times slower: results/muon-step.csv), and matrices of one shape go through
-    the iterations together, as batched matmuls. A convolution's filters (out, in, k, k) are updated as the out x (in k k) matrix.
+    the iterations together, as batched matmuls. A convolution's filters (out, in, k, k) are updated as the
+    out x (in k k) matrix.
     The state (``momentum_buffer``) is torch.optim.Muon's."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,

@@ -74,9 +74,11 @@ class Trainer:
         if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
             n = len(self.data.train)
             over = f" over {self.world} processes" if self.world > 1 else ""
-            raise ValueError(f"{self.data.name}: {n} training images{over} make {batches} whole batch{'es' if batches != 1 else ''} of {cfg.batch_size} an "
-                             f"epoch, fewer than the {cfg.grad_accum} one optimiser step accumulates: lower "
-                             f"--batch-size (at most {max(1, n // self.world // cfg.grad_accum)}) or --grad-accum")
+            plural = "es" if batches != 1 else ""
+            raise ValueError(f"{self.data.name}: {n} training images{over} make {batches} whole batch{plural} of "
+                             f"{cfg.batch_size} an epoch, fewer than the {cfg.grad_accum} one optimiser step "
+                             f"accumulates: lower --batch-size (at most {max(1, n // self.world // cfg.grad_accum)}) "
+                             "or --grad-accum")
         self.steps_per_epoch = batches // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
@@ -116,7 +118,8 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
-                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch, "epoch_loss": self.epoch_loss,
+                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "epoch_loss": self.epoch_loss,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world}
 
