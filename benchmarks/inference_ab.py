@@ -3,7 +3,10 @@
 rounds in one process, the order of each round rotated, the ratio taken within each round so that the machine's
 drift (10-25% over minutes on a shared 2-core machine) cancels.
 
-    python benchmarks/inference_ab.py [--model vit_base_patch16_224] [--batch 16] [--rounds 16]
+    python benchmarks/inference_ab.py [--model vit_base_patch16_224] [--batch 16] [--rounds 16] [--profile]
+
+``--profile`` then runs PyTorch's profiler over two forwards of vitkit's default and of the peer: where the time goes,
+operator by operator (the matmuls against the rest).
 
 Not a test: numbers, no assertions. Run nothing else on the machine meanwhile.
 """
@@ -24,6 +27,7 @@ p.add_argument("--model", default="vit_base_patch16_224")
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--rounds", type=int, default=16, help="timed rounds; each runs every variant once")
 p.add_argument("--peer", default="torchvision", choices=sorted(PEERS))
+p.add_argument("--profile", action="store_true", help="also profile two forwards of vitkit's default and the peer")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -64,3 +68,13 @@ def paired(a: str, b: str) -> str:
 print(f"  vitkit default vs {args.peer}: {paired('vitkit default', f'{args.peer} bf16 weights')} (median of the "
       "per-round speed ratios)")
 print(f"  bias after vs in the matmul: {paired('bias after the matmul', 'bias in the matmul')}")
+
+if args.profile:
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in ("vitkit default", f"{args.peer} bf16 weights"):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            variants[name]()
+            variants[name]()
+        print(f"\n{name}: two forwards")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))

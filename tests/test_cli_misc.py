@@ -1,5 +1,7 @@
 """Smaller CLI commands and public names from INTERFACE.md."""
 
+import time
+
 import pytest
 import torch
 
@@ -93,13 +95,14 @@ def test_bench_inference_times_vitkit_and_every_peer_on_the_same_weights(monkeyp
             ("timm", "bf16-weights", "bf16")]
 
 
-def test_interleaved_throughput_times_each_function_in_turn():
+def test_interleaved_throughput_times_each_function_in_turn_each_round_starting_one_further():
     from vitkit.bench.timing import interleaved_throughput
 
     calls = []
-    speeds = interleaved_throughput([lambda: calls.append("a"), lambda: calls.append("b")], items=4, warmup=1,
-                                    repeats=3)
-    assert calls == ["a", "b"] + ["a", "b"] * 3 and len(speeds) == 2 and all(s > 0 for s in speeds)
+    fns = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: (calls.append("c"), time.sleep(0.01))]
+    speeds = interleaved_throughput(fns, items=4, warmup=1, repeats=3)
+    assert calls == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert len(speeds) == 3 and speeds[2] < min(speeds[:2])  # each speed is its own function's
 
 
 @pytest.mark.cuda

@@ -31,14 +31,16 @@ def throughput(fn: Callable[[], object], items: int, warmup: int = 2, repeats: i
 
 def interleaved_throughput(fns: list[Callable[[], object]], items: int, warmup: int = 1, repeats: int = 5,
                            device: torch.device | str = "cpu") -> list[float]:
-    """Items per second of each of ``fns``, timed round-robin (each repeat runs every fn once), median per fn:
-    drift of the machine over the run then falls on all of them alike instead of on whichever ran last."""
+    """Items per second of each of ``fns``, timed round-robin (each repeat runs every fn once, starting one further
+    along each time), median per fn: drift of the machine over the run, and whatever the previous call left in the
+    caches, then fall on all of them alike instead of on whichever ran last or first."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
+    for r in range(repeats):
+        for i in range(len(fns)):
+            fn, ts = fns[(i + r) % len(fns)], times[(i + r) % len(fns)]
             sync(device)
             t = time.perf_counter()
             fn()
