@@ -209,3 +209,25 @@ def test_the_digits_read_back_from_the_cache_are_scikit_learns_split(tmp_path):
         assert torch.equal(got.val.labels, torch.from_numpy(d.target[va]))
         want = torch.from_numpy(np.round(d.images[va] * 255 / 16).astype(np.uint8))[:, None]
         assert torch.equal(got.val.images, want) and got.classes == [str(i) for i in range(10)]
+
+
+@pytest.mark.parametrize("damage", ["cut short", "empty", "bad json", "wrong tensors"])
+def test_a_damaged_cache_is_decoded_again_and_rewritten(tmp_path, damage):
+    """The cache is only a copy: one that cannot be read whole is a miss, never a traceback or wrong data."""
+    from safetensors.torch import save_file
+
+    from vitkit.data.datasets import load_digits_splits
+
+    first = load_digits_splits(cache_dir=str(tmp_path))
+    cache = next(tmp_path.glob("digits-*.safetensors"))
+    if damage == "cut short":
+        cache.write_bytes(cache.read_bytes()[:1000])
+    elif damage == "empty":
+        cache.write_bytes(b"")
+    elif damage == "bad json":
+        Path(str(cache) + ".json").write_text("{not json")
+    else:
+        save_file({"train_x": torch.zeros(3, 8, 8), "train_y": torch.zeros(3)}, str(cache))
+    again = load_digits_splits(cache_dir=str(tmp_path))
+    assert torch.equal(again.train.images, first.train.images) and torch.equal(again.val.labels, first.val.labels)
+    assert load_digits_splits(cache_dir=str(tmp_path)).train.images.shape == first.train.images.shape  # rewritten

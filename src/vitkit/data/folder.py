@@ -166,7 +166,7 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    if (hit := load_cached(cache)) is not None:
+    if (hit := load_cached(cache, "classes", "skipped")) is not None:
         return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     items = {s: [(n, ci) for ci, c in enumerate(classes) for n in src.files[s][c]] for s in ("train", val_split)}
     decoded: dict[str, list] = {}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..model.serialization import atomic_write
@@ -78,13 +79,21 @@ class DataSplits:
 
 
 # ------------------------------------------------------------------------------------------ decoded once, then read
-def load_cached(cache: Path | None) -> tuple[ImageTensors, ImageTensors, dict[str, Any]] | None:
-    """The train and validation tensors and the metadata ``save_cached`` wrote at ``cache``, or None."""
+def load_cached(cache: Path | None, *meta_keys: str) -> tuple[ImageTensors, ImageTensors, dict[str, Any]] | None:
+    """The train and validation tensors and the metadata (with ``meta_keys``) that ``save_cached`` wrote at
+    ``cache``, or None: also for a cache that cannot be read whole (a damaged disk, a file cut short by hand), which
+    is then decoded again and rewritten."""
     if cache is None or not cache.is_file():
         return None
-    t = load_file(str(cache))
-    meta = json.loads(Path(str(cache) + ".json").read_text())
-    return ImageTensors(t["train_x"], t["train_y"]), ImageTensors(t["val_x"], t["val_y"]), meta
+    try:
+        t = load_file(str(cache))
+        meta = json.loads(Path(str(cache) + ".json").read_text())
+        splits = ImageTensors(t["train_x"], t["train_y"]), ImageTensors(t["val_x"], t["val_y"])
+    except (SafetensorError, OSError, ValueError, KeyError):  # ValueError: bad JSON, or tensors of the wrong kind
+        return None
+    if not isinstance(meta, dict) or any(k not in meta for k in meta_keys):
+        return None
+    return *splits, meta
 
 
 def save_cached(cache: Path | None, train: ImageTensors, val: ImageTensors, meta: dict[str, Any]) -> None:
