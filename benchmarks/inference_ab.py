@@ -13,12 +13,12 @@ Not a test: numbers, no assertions. Run nothing else on the machine meanwhile.
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 
 import vitkit
 from vitkit.bench.inference import PEERS, _runner
+from vitkit.bench.timing import round_robin_times
 from vitkit.runtime.cpu import machine_name
 from vitkit.runtime.inference import split_bias
 
@@ -45,15 +45,7 @@ peer = PEERS[args.peer](model).eval()
 variants = {"vitkit default": lambda: auto(x), "bias in the matmul": lambda: addmm(x),
             "bias after the matmul": lambda: split(x),
             f"{args.peer} bf16 weights": _runner(peer, x, "bf16-weights")}
-for f in variants.values():
-    f()
-times: dict[str, list[float]] = {k: [] for k in variants}
-for r in range(args.rounds):
-    order = list(variants.items())
-    for name, f in order[r % len(order):] + order[:r % len(order)]:
-        t = time.perf_counter()
-        f()
-        times[name].append(time.perf_counter() - t)
+times = dict(zip(variants, round_robin_times(list(variants.values()), repeats=args.rounds)))
 print(f"\n{args.model} batch {args.batch}, {machine_name(torch.device('cpu'))}, {torch.get_num_threads()} threads, "
       f"{args.rounds} rounds")
 for name, ts in times.items():

@@ -29,24 +29,31 @@ def throughput(fn: Callable[[], object], items: int, warmup: int = 2, repeats: i
     return items / statistics.median(times)
 
 
-def interleaved_throughput(fns: list[Callable[[], object]], items: int, warmup: int = 1, repeats: int = 5,
-                           device: torch.device | str = "cpu") -> list[float]:
-    """Items per second of each of ``fns``, timed round-robin (each repeat runs every fn once, starting one further
-    along each time), median per fn: drift of the machine over the run, and whatever the previous call left in the
-    caches, then fall on all of them alike instead of on whichever ran last or first."""
+def round_robin_times(fns: list[Callable[[], object]], warmup: int = 1, repeats: int = 5,
+                      device: torch.device | str = "cpu") -> list[list[float]]:
+    """Seconds of each call of each of ``fns``, timed round-robin: each repeat runs every fn once, starting one
+    further along each time, so that drift of the machine over the run, and whatever the previous call left in the
+    caches, fall on all of them alike instead of on whichever ran last or first. ``times[j][r]`` is fn j in round r
+    (for ratios taken within a round)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats):
         for i in range(len(fns)):
-            fn, ts = fns[(i + r) % len(fns)], times[(i + r) % len(fns)]
+            j = (i + r) % len(fns)
             sync(device)
             t = time.perf_counter()
-            fn()
+            fns[j]()
             sync(device)
-            ts.append(time.perf_counter() - t)
-    return [items / statistics.median(ts) for ts in times]
+            times[j].append(time.perf_counter() - t)
+    return times
+
+
+def interleaved_throughput(fns: list[Callable[[], object]], items: int, warmup: int = 1, repeats: int = 5,
+                           device: torch.device | str = "cpu") -> list[float]:
+    """Items per second of each of ``fns``, timed round-robin (``round_robin_times``), median per fn."""
+    return [items / statistics.median(ts) for ts in round_robin_times(fns, warmup, repeats, device)]
 
 
 def matmul_ceiling(dtype: torch.dtype, n: int = 4096, device: torch.device | str = "cpu") -> float:

@@ -6,9 +6,8 @@
   another with the same flag.
 - The attention path (PyTorch's fused SDPA, or the exact two matmuls and softmax) timed with the dtype.
 - How a linear layer adds its bias, timed on the chosen dtype and path: in the matmul (``addmm``, PyTorch's
-  default) or after it, in place (``split``). In bf16 on an AMD EPYC with AVX512-BF16 ``addmm`` took 7% longer than
-  the matmul alone for ViT-B/16's MLP, and the split form made the whole forward 2% faster (median of 20 paired
-  rounds, 1-4% across runs) with the same logits (docs: Speed); a GPU's matmul adds the bias for free.
+  default) or after it, in place (``split``), with the same logits. In bf16 on a CPU oneDNN's ``addmm`` can be
+  slower than the matmul alone (the measurement is in docs: Speed); a GPU's matmul adds the bias for free.
 - Optionally torch.compile with Inductor's max-autotune and freezing, and on CPUs with AMX vitkit's own attention
   kernel (kernels/), 1.6x SDPA for the attention alone.
 """
