@@ -114,6 +114,20 @@ def test_resume_with_another_model_is_refused(run_dir, capsys):
     assert "continues that run's model" in err and "depth 1 -> 3" in err
 
 
+@pytest.mark.parametrize("field, value", [("epoch_loss", "oops"), ("epoch_loss", [1.0]), ("step", -3)])
+def test_a_training_state_with_counters_of_the_wrong_kind_is_refused_by_name(run_dir, tmp_path, capsys, field,
+                                                                             value):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns(".lock"))
+    state = torch.load(run / "last" / "train_state.pt", weights_only=True)
+    torch.save({**state, field: value}, run / "last" / "train_state.pt")
+    assert main(["train", "--epochs", "2", "--depth", "1", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"not a vitkit training state ({field}={value!r}" in err and "Traceback" not in err
+
+
 def test_an_onnx_export_that_fails_its_check_leaves_no_file(run_dir, tmp_path, monkeypatch, capsys):
     pytest.importorskip("onnxruntime")
     from vitkit.serving import onnx

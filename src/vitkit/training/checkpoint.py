@@ -79,4 +79,12 @@ def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
     missing = sorted({"model", "optimizer", "rng", "epoch", "step"} - set(state if isinstance(state, dict) else ()))
     if missing:
         raise ValueError(f"{path}: not a vitkit training state (missing {missing})")
+    counters = {k: state[k] for k in ("epoch", "step", "batch_in_epoch") if k in state}
+    bad = {k: v for k, v in counters.items() if type(v) is not int or v < 0}
+    loss = state.get("epoch_loss", [0.0, 0])  # older states have none: the stopped epoch's loss then starts anew
+    if not (isinstance(loss, list) and len(loss) == 2 and all(isinstance(v, (int, float)) for v in loss)):
+        bad["epoch_loss"] = loss
+    if bad:
+        raise ValueError(f"{path}: not a vitkit training state ({', '.join(f'{k}={v!r}' for k, v in bad.items())}; "
+                         "expected counts >= 0 and epoch_loss [loss sum, images])")
     return state

@@ -139,7 +139,7 @@ class Trainer:
         if "cuda" in s["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(s["rng"]["cuda"])
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
-        self.epoch_loss = list(s.get("epoch_loss", [0.0, 0]))
+        self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
         if self.budget:  # keep the plan that fitted the schedule into the budget
             self.total_steps = s["total_steps"]
