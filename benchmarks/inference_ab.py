@@ -29,6 +29,8 @@ p.add_argument("--rounds", type=int, default=16, help="timed rounds; each runs e
 p.add_argument("--peer", default="torchvision", choices=sorted(PEERS))
 p.add_argument("--profile", action="store_true", help="also profile two forwards of vitkit's default and the peer")
 args = p.parse_args()
+if args.rounds < 1 or args.batch < 1:
+    p.error("--rounds and --batch must be at least 1")
 
 torch.manual_seed(0)
 model = vitkit.create_model(args.model).eval()

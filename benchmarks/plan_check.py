@@ -29,6 +29,8 @@ p.add_argument("--rounds", type=int, default=5, help="timed calls of each candid
 p.add_argument("--infer", nargs="*", default=["vit_base_patch16_224", "vit_small_patch16_224"])
 p.add_argument("--batch", type=int, default=16, help="inference batch")
 args = p.parse_args()
+if min(args.rounds, args.steps, args.batch) < 1:
+    p.error("--rounds, --steps and --batch must be at least 1")
 CPU = torch.device("cpu")
 
 
