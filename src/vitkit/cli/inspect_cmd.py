@@ -1,21 +1,35 @@
-"""``vitkit inspect {attention,rollout,distance,posemb,filters} --checkpoint DIR [--image IMG] --out FILE.png``."""
+"""``vitkit inspect {attention,rollout,distance,posemb,filters} --checkpoint DIR [--image IMG] --out FILE.png``, and
+``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .common import add_data_flags, add_weights_flags, load_data_from_args, load_weights
+from .common import add_data_flags, add_weights_flags, load_data_from_args, load_weights, positive_int
 
-KINDS = ("attention", "rollout", "distance", "posemb", "filters")
+KINDS = ("attention", "rollout", "distance", "posemb", "filters", "explain")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
+    from ..inspect.explain import METHODS
+
     p.add_argument("kind", choices=KINDS)
+    p.add_argument("images", nargs="*", help="explain: image files or folders (default: --num-images validation "
+                   "images of the dataset)")
     add_weights_flags(p)
     p.add_argument("--image", default=None, help="image file (default: the first validation image of the dataset)")
-    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--out", required=True, help="PNG file to write (explain: a folder)")
     p.add_argument("--layer", type=int, default=-1, help="attention: which layer (default: the last)")
-    p.add_argument("--num-images", type=int, default=256, help="distance: images sampled from the dataset")
+    p.add_argument("--num-images", type=positive_int, default=None,
+                   help="distance: images sampled from the dataset (default 256); explain: without image files, "
+                        "validation images explained (default 8)")
+    g = p.add_argument_group("explain")
+    g.add_argument("--method", default="all", help=f"{', '.join(METHODS)}, several joined by commas, or all")
+    g.add_argument("--target", default=None, help="the class to explain, by name or index (default: each image's "
+                   "predicted class)")
+    g.add_argument("--steps", type=positive_int, default=16, help="points on the deletion / insertion curves")
+    g.add_argument("--random-orders", type=positive_int, default=4, help="random patch orders for the baseline")
+    g.add_argument("--no-faithfulness", action="store_true", help="draw the maps only")
     add_data_flags(p)
 
 
@@ -45,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from ..inspect import analysis, plots
     from ..model.config import to_2tuple
 
+    if args.images and args.kind != "explain":
+        raise ValueError(f"inspect {args.kind} takes one image, as --image IMG; image files as arguments are for "
+                         "inspect explain")
+    if args.kind == "explain":
+        return explain(args)
     model = load_weights(args).eval()
     pre = preprocessing_of(model)
     out = Path(args.out)
@@ -59,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         comps, var = analysis.filter_components(weight)
         plots.plot_filters(comps, var, out, what)
     elif args.kind == "distance":
-        x, _ = _sample_images(args, model, pre, args.num_images)
+        x, _ = _sample_images(args, model, pre, args.num_images or 256)
         dist = analysis.mean_attention_distance(model, x)
         grid = model.patch_embed.grid_for(tuple(x.shape[-2:]))
         patch = tuple(p * model.patch_embed.stride for p in to_2tuple(model.config.patch_size))
@@ -84,4 +103,63 @@ def run(args: argparse.Namespace) -> int:
             maps = (a[:, 0, n0:] if n0 else a[:, n0:, n0:].mean(1)).reshape(a.shape[0], *grid)
             plots.plot_attention_heads(shown, maps.numpy(), out, layer + 1)
     print(f"wrote {out}")
+    return 0
+
+
+def explain(args: argparse.Namespace) -> int:
+    """One figure per image (the input, then each method's map over it), faithfulness.csv and its bar chart."""
+    import csv
+
+    import torch
+
+    from ..data.preprocess import image_files, images_to_tensor, load_images, preprocessing_of
+    from ..inspect import plots
+    from ..inspect.explain import METHODS, check_method, class_names_of, explain, faithfulness, resolve_target
+
+    methods = list(METHODS) if args.method == "all" else [check_method(m.strip()) for m in args.method.split(",")]
+    model = load_weights(args).eval()
+    if args.target is not None:
+        resolve_target(model, args.target)  # an unknown class is said before any image is read
+    pre = preprocessing_of(model)
+    if args.images:
+        files = image_files(args.images)
+        x = images_to_tensor(load_images(files, max_side=4096), pre, model.config)
+        names = [Path(f).stem for f in files]
+    else:
+        x, _ = _sample_images(args, model, pre, args.num_images or 8)
+        names = [f"val-{i}" for i in range(len(x))]
+    out = Path(args.out)
+    if out.suffix.lower() == ".png":
+        raise ValueError(f"--out {out}: explain writes a folder (a figure per image and faithfulness.csv)")
+    out.mkdir(parents=True, exist_ok=True)
+    classes = class_names_of(model)
+    results = {m: explain(model, x, args.target, m) for m in methods}
+    with torch.no_grad():
+        predicted = model(x.to(next(model.parameters()))).argmax(-1).tolist()
+    mean = torch.tensor(pre["mean"]).view(-1, 1, 1)
+    std = torch.tensor(pre["std"]).view(-1, 1, 1)
+    first = results[methods[0]]
+    for i, name in enumerate(names):
+        t = int(first.target[i])
+        title = f"{classes[t]} (p = {first.prob[i]:.3f})"
+        if predicted[i] != t:
+            title += f"; predicted {classes[predicted[i]]}"
+        plots.plot_explanations((x[i] * std + mean).clamp(0, 1).numpy(), {m: r.maps[i] for m, r in results.items()},
+                                out / f"{name}.png", title)
+    print(f"wrote {len(names)} figures to {out}")
+    if args.no_faithfulness:
+        return 0
+    scores = faithfulness(model, x, methods, args.target, steps=args.steps, random_orders=args.random_orders)
+    rows = [r.row() for r in scores.values()]
+    with open(out / "faithfulness.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    plots.plot_faithfulness(rows, out / "faithfulness.png", f"Faithfulness on {len(x)} images (patches removed / "
+                            "added in each map's order)")
+    print(f"{'method':<16}{'deletion':>10}{'(random)':>10}{'insertion':>11}{'(random)':>10}  better than random")
+    for r in rows:
+        print(f"{r['method']:<16}{r['deletion_auc']:>10.3f}{r['random_deletion_auc']:>10.3f}{r['insertion_auc']:>11.3f}"
+              f"{r['random_insertion_auc']:>10.3f}  {'yes' if r['better_than_random'] else 'no'}")
+    print(f"wrote {out / 'faithfulness.csv'} and {out / 'faithfulness.png'}")
     return 0

@@ -64,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     # the `vitkit` command itself (no argv) is the whole process; a call from Python starts its clock now
     started = process_start_time() if argv is None else time.time()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "images", None), list) and not any(a.startswith("-") for a in extra):
+        args.images += extra  # image files after a flag (`inspect explain --checkpoint DIR a.jpg b.jpg`): argparse
+        # gives a positional only the first run of positionals
+    elif extra:
+        parser.parse_args(argv)  # argparse's own message for what it did not recognise (exits 2)
     args._started = started
     if not getattr(args, "_run", None):
         parser.print_help()

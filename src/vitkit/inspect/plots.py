@@ -143,3 +143,40 @@ def plot_filters(components: np.ndarray, variance: np.ndarray, out: Path,
     fig.suptitle(f"Principal components of {what} (% variance)")
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def plot_explanations(image: np.ndarray, maps: dict[str, np.ndarray], out: Path, title: str) -> None:
+    """The image as the model saw it, then each method's map (image resolution, [0, 1]) laid over it, side by side
+    with one colour bar; ``title`` (the class explained and its probability) on top."""
+    img = _image_for_display(image)
+    fig, axes = plt.subplots(1, 1 + len(maps), figsize=(2.6 * (1 + len(maps)), 3.2), squeeze=False)
+    axes = axes[0]
+    for ax in axes:
+        ax.axis("off")
+    axes[0].imshow(img, cmap="gray" if img.ndim == 2 else None)
+    axes[0].set_title("input (as the model saw it)", fontsize=9)
+    for ax, (name, heat) in zip(axes[1:], maps.items()):
+        ax.imshow(img, cmap="gray" if img.ndim == 2 else None)
+        im = ax.imshow(heat, cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+        ax.set_title(name, fontsize=9)
+    if maps:
+        fig.colorbar(im, ax=list(axes), fraction=0.015, label="relevance (low - high)")
+    fig.suptitle(title)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_faithfulness(rows: list[dict], out: Path, title: str = "Faithfulness") -> None:
+    """Deletion (lower is better) and insertion (higher is better) areas per method, random orders as a line."""
+    names = [r["method"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(rows) + 3), 3.6))
+    for ax, key, better in ((axes[0], "deletion_auc", "lower is better"), (axes[1], "insertion_auc",
+                                                                            "higher is better")):
+        ax.bar(names, [r[key] for r in rows], color="#3b6fd8")
+        ax.axhline(rows[0]["random_" + key], color="gray", ls="--", lw=1, label="random order")
+        ax.set_title(f"{key.split('_')[0]} AUC ({better})", fontsize=10)
+        ax.set_ylim(0, 1), ax.tick_params(axis="x", labelrotation=20, labelsize=8), ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
