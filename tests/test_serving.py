@@ -72,6 +72,7 @@ def _client(limits=Limits()):
     from vitkit.serving.app import create_app
 
     model = vitkit.VisionTransformer(tiny_config(num_classes=10, in_chans=1, img_size=8, patch_size=2))
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # not the zero head of a new model: the classes differ
     pre = {"mean": [0.5], "std": [0.25], "class_names": [f"digit {i}" for i in range(10)]}
     ex = [("digit 0", Image.fromarray(digits_arrays()[0][0]))]
     return TestClient(create_app(Predictor(model, pre, limits), ex))
@@ -100,8 +101,31 @@ def test_api_predicts_top5_with_overlay_and_rejects_hostile_uploads(bomb):
     img.convert("P").save(gif, format="GIF", save_all=True, append_images=[img.convert("P").rotate(90)])
     assert c.post("/api/predict", files={"file": ("a.gif", gif.getvalue(), "image/gif")}).status_code == 200
     assert c.get("/api/info").json()["examples"][0]["label"] == "digit 0"
+    assert c.get("/api/info").json()["methods"] == ["rollout", "attention-last", "grad-rollout", "gradcam"]
     assert c.get("/api/examples/0.png").content.startswith(b"\x89PNG")
     assert "<title>vitkit" in c.get("/").text
+
+
+def test_api_explains_the_class_and_method_asked_for():
+    c = _client()
+    img = _png(Image.fromarray(digits_arrays()[0][3]).resize((64, 64)))
+    first = c.post("/api/predict", files={"file": ("d.png", img, "image/png")}).json()
+    assert first["explained"]["method"] == "rollout" and first["explained"]["index"] == first["top"][0]["index"]
+    overlays = {}
+    for method in ("rollout", "grad-rollout", "gradcam"):
+        for target in ("digit 2", "7"):
+            r = c.post(f"/api/predict?method={method}&target={target}", files={"file": ("d.png", img, "image/png")})
+            assert r.status_code == 200, r.text
+            ex = r.json()["explained"]
+            assert ex["method"] == method and ex["class"] == ("digit 2" if target == "digit 2" else "digit 7")
+            overlays[method, target] = r.json()["overlay"]
+    assert overlays["rollout", "digit 2"] == overlays["rollout", "7"]  # class-agnostic
+    assert overlays["grad-rollout", "digit 2"] != overlays["grad-rollout", "7"]
+    assert overlays["gradcam", "digit 2"] != overlays["gradcam", "7"]
+    for query, msg in [("method=gradcm", "unknown explanation method 'gradcm'"),
+                       ("target=digit 12", "unknown class 'digit 12'"), ("target=10", "out of range")]:
+        r = c.post(f"/api/predict?{query}", files={"file": ("d.png", img, "image/png")})
+        assert r.status_code == 400 and msg in r.json()["error"], r.text
 
 
 def _free_port() -> int:
@@ -150,6 +174,16 @@ def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
             assert len(labels) == 5 and labels[0] == "7"
             src = page.get_attribute("#overlay", "src")
             assert src.startswith("data:image/png;base64,") and len(src) > 1000
+            assert page.is_visible("#legend") and page.input_value("#method") == "grad-rollout"
+            assert page.inner_text("#why").startswith("7 (")  # the predicted class, explained first
+            second = page.locator("#top .label").nth(1).inner_text()
+            page.locator("#top tr.row").nth(1).click()  # explain the runner-up instead
+            page.wait_for_function(f"document.querySelector('#why').textContent.startsWith('{second} (')")
+            assert page.locator("#top tr.chosen .label").inner_text() == second
+            assert page.get_attribute("#overlay", "src") != src
+            page.select_option("#method", "rollout")
+            page.wait_for_function("document.querySelector('#why').textContent.endsWith('rollout')")
+            assert page.inner_text("#why").startswith(f"{second} (")  # the class stays as chosen
             page.set_input_files("#file", str(tmp_path / "bomb.png"))
             page.wait_for_selector("#error:visible")
             assert "pixels, more than the limit of 40,000,000" in page.inner_text("#error")

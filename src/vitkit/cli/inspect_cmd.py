@@ -119,7 +119,7 @@ def explain(args: argparse.Namespace) -> int:
     methods = list(METHODS) if args.method == "all" else [check_method(m.strip()) for m in args.method.split(",")]
     model = load_weights(args).eval()
     if args.target is not None:
-        resolve_target(model, args.target)  # an unknown class is said before any image is read
+        resolve_target(class_names_of(model), args.target)  # an unknown class is said before any image is read
     pre = preprocessing_of(model)
     if args.images:
         files = image_files(args.images)

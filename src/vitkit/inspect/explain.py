@@ -55,9 +55,8 @@ def class_names_of(model) -> list[str]:  # type: ignore[no-untyped-def]
     return list(names) if names else [str(i) for i in range(model.config.num_classes)]
 
 
-def resolve_target(model, target: int | str) -> int:  # type: ignore[no-untyped-def]
-    """A class index, or a class name (or its index written as a string), checked against the model's classes."""
-    names = class_names_of(model)
+def resolve_target(names: list[str], target: int | str) -> int:
+    """A class index, or a class name (or its index written as a string), checked against the classes ``names``."""
     n = len(names)
     if isinstance(target, str):
         if target in names:
@@ -83,11 +82,11 @@ def _targets(model, target, logits: torch.Tensor) -> torch.Tensor:  # type: igno
     if target is None:
         return logits.argmax(-1).cpu()
     if isinstance(target, (list, tuple, np.ndarray, torch.Tensor)):
-        ts = [resolve_target(model, t.item() if hasattr(t, "item") else t) for t in target]
+        ts = [resolve_target(class_names_of(model), t.item() if hasattr(t, "item") else t) for t in target]
         if len(ts) != B:
             raise ValueError(f"{len(ts)} targets for {B} images: give one class, or one per image")
         return torch.tensor(ts)
-    return torch.full((B,), resolve_target(model, target), dtype=torch.long)
+    return torch.full((B,), resolve_target(class_names_of(model), target), dtype=torch.long)
 
 
 def check_method(method: str) -> str:

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from PIL import Image
 
 from .batcher import Batcher, Busy
-from .predictor import Limits, Predictor, UploadError
+from .predictor import Limits, Predictor, UploadError, available_methods
 
 
 def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | None = None) -> FastAPI:
@@ -43,6 +43,7 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
         c = predictor.model.config
         return {"classes": predictor.names, "img_size": c.to_dict()["img_size"], "in_chans": c.in_chans,
                 "max_bytes": predictor.limits.max_bytes, "max_pixels": predictor.limits.max_pixels,
+                "methods": available_methods(),
                 "examples": [{"label": label, "url": f"/api/examples/{i}.png"} for i, (label, _) in enumerate(pngs)]}
 
     @app.get("/api/examples/{i}.png")
@@ -70,6 +71,10 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
             uploading[0] -= 1
 
     async def _predict(request: Request) -> Response:
+        try:  # ?method=grad-rollout&target=3 (a class index or name): what the overlay explains
+            ask = predictor.ask(request.query_params.get("method"), request.query_params.get("target"))
+        except UploadError as e:
+            return error(str(e), e.status)
         # read the body ourselves, stopping at the limit: the client's filename is never looked at
         length = int(request.headers.get("content-length") or 0)
         limit = limits.max_bytes
@@ -93,7 +98,7 @@ def create_app(predictor: Predictor, examples: list[tuple[str, Image.Image]] | N
             return Response(status_code=400)
         try:
             data = _file_part(bytes(body), request.headers.get("content-type", ""))
-            return JSONResponse(await batcher.submit(data))
+            return JSONResponse(await batcher.submit((data, ask)))
         except Busy:
             return busy()
         except UploadError as e:

@@ -1,4 +1,5 @@
-"""One uploaded image -> top-5 and an attention-rollout overlay, with the limits a public upload needs."""
+"""One uploaded image -> top-5 and an overlay of why (attention rollout, or a class-specific map of
+``vitkit.inspect.explain`` for the method and class the page asks about), with the limits a public upload needs."""
 from __future__ import annotations
 
 import base64
@@ -14,6 +15,7 @@ from PIL import Image
 from ..data.images import BadImageError, open_image
 from ..data.preprocess import images_to_tensor, model_view
 from ..inspect.analysis import rollout_from_attentions
+from ..inspect.explain import METHODS, explain, resolve_target
 from ..model.config import to_2tuple
 from ..runtime.inference import optimize_for_inference
 from ..runtime.threads import choose_threads, usable_cores
@@ -44,6 +46,21 @@ class Limits:
     # the page and /api/info are still served (uvicorn's own limit, far above, only bounds memory)
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What the overlay of an upload explains: ``method`` (one of ``vitkit.inspect.explain.METHODS``) for class
+    ``target`` (an index; None: the predicted class)."""
+    method: str = "rollout"
+    target: int | None = None
+
+
+def available_methods() -> list[str]:
+    """The explanation methods this server can draw (``gradcam`` needs the optional grad-cam package)."""
+    import importlib.util
+
+    return [m for m in METHODS if m != "gradcam" or importlib.util.find_spec("pytorch_grad_cam") is not None]
+
+
 def decode_upload(data: bytes, limits: Limits) -> Image.Image:
     if len(data) > limits.max_bytes:
         raise UploadError(f"file is {len(data) / 1e6:.1f} MB; the limit is {limits.max_bytes / 1e6:.0f} MB", 413)
@@ -67,8 +84,8 @@ def decode_upload(data: bytes, limits: Limits) -> Image.Image:
 
 
 def overlay_png(image: Image.Image, heat: np.ndarray, size: int = 256) -> bytes:
-    """The image (as the model saw it: ``preprocess.model_view``) with the rollout heat map (jet colours, 50%
-    alpha) over it, as PNG bytes."""
+    """The image (as the model saw it: ``preprocess.model_view``) with a heat map (scaled to its maximum; jet
+    colours, 50% alpha: the page's legend) over it, as PNG bytes."""
     from matplotlib import colormaps  # matplotlib's import (≈0.5 s) only when an overlay is drawn
 
     img = image.convert("RGB")
@@ -102,34 +119,56 @@ class Predictor:
                                                          "prediction", next(model.parameters()).device)
         self.workers = self.limits.workers or max(1, usable_cores() // self.threads)
 
-    def __call__(self, data: bytes, topk: int = 5) -> dict[str, Any]:
+    def ask(self, method: str | None = None, target: str | None = None) -> Ask:
+        """The request's method and class checked (an UploadError naming what was wrong and what is expected)."""
+        method = method or "rollout"
+        methods = available_methods()
+        if method not in methods:
+            why = " (it needs the grad-cam package on the server)" if method == "gradcam" else ""
+            raise UploadError(f"unknown explanation method {method!r}{why}; this server draws {', '.join(methods)}")
+        if target in (None, ""):
+            return Ask(method)
+        try:
+            return Ask(method, resolve_target(self.names, target))
+        except ValueError as e:
+            raise UploadError(str(e)) from None
+
+    def __call__(self, data: bytes, topk: int = 5, ask: Ask = Ask()) -> dict[str, Any]:
         """One upload's top-k and overlay; an UploadError for a file that is not an acceptable image."""
-        result = self.predict_batch([data], topk)[0]
+        result = self.predict_batch([(data, ask)], topk)[0]
         if isinstance(result, UploadError):
             raise result
         return result
 
-    def predict_batch(self, uploads: list[bytes], topk: int = 5) -> list[dict[str, Any] | UploadError]:
-        """Each upload's answer, in order: one forward pass over all that decode, an UploadError for the rest."""
+    def predict_batch(self, uploads: list[bytes | tuple[bytes, Ask]], topk: int = 5
+                      ) -> list[dict[str, Any] | UploadError]:
+        """Each upload's answer, in order: one forward pass over all that decode (its rollout is the overlay where
+        that is what was asked), an explanation per upload that asks for another method or class, an UploadError
+        for the files that do not decode."""
         out: list[dict[str, Any] | UploadError] = []
-        images: list[tuple[int, Image.Image]] = []
-        for i, data in enumerate(uploads):
+        images: list[tuple[int, Image.Image, Ask]] = []
+        for i, item in enumerate(uploads):
+            data, ask = item if isinstance(item, tuple) else (item, Ask())
             try:
-                images.append((i, decode_upload(data, self.limits)))
+                images.append((i, decode_upload(data, self.limits), ask))
                 out.append({})
             except UploadError as e:
                 out.append(e)
         if not images:
             return out
-        x = images_to_tensor([im for _, im in images], self.pre, self.model.config)
+        x = images_to_tensor([im for _, im, _ in images], self.pre, self.model.config)
         logits, attns = self.fast.forward_attention(x)
-        probs = torch.softmax(logits, -1)
+        probs = torch.softmax(logits.float(), -1)
         top = probs.topk(min(topk, probs.shape[-1]))
         grid = self.model.patch_embed.grid_for(tuple(x.shape[-2:]))
-        heat = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid).numpy()
-        for j, (i, image) in enumerate(images):
-            out[i] = {"top": [{"class": self.names[int(k)], "prob": round(float(p), 5)}
+        rollout = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid).numpy()
+        for j, (i, image, ask) in enumerate(images):
+            target = int(probs[j].argmax()) if ask.target is None else ask.target
+            heat = rollout[j] if ask.method == "rollout" else explain(self.model, x[j:j + 1], target, ask.method).maps[0]
+            out[i] = {"top": [{"class": self.names[int(k)], "index": int(k), "prob": round(float(p), 5)}
                               for p, k in zip(top.values[j], top.indices[j])],
+                      "explained": {"method": ask.method, "class": self.names[target], "index": target,
+                                    "prob": round(float(probs[j, target]), 5)},
                       "overlay": "data:image/png;base64," + base64.b64encode(
-                          overlay_png(model_view(image, self.pre, self.model.config), heat[j])).decode()}
+                          overlay_png(model_view(image, self.pre, self.model.config), heat)).decode()}
         return out
