@@ -111,10 +111,26 @@ def update_page(page: Path, printed: dict[int, str], refresh: bool = False) -> i
     return changed
 
 
+# the team's real-photo sets (../shared/data, see its README): a page whose code reads one finds it in its folder
+SHARED_DATA = [ROOT.parent / "shared" / "data", Path("/work/shared/data")]
+
+
+def link_shared_data(page: Path, cwd: Path) -> None:
+    """Link the shared data files a page's code names into ``cwd``; skip the page where one is not on this machine."""
+    code = "\n".join(f.code for f in fences(page) if f.lang in ("python", "bash"))
+    for name in ("cifar10-jpg.zip", "ants-bees.zip"):
+        if name in code:
+            found = next((d / name for d in SHARED_DATA if (d / name).is_file()), None)
+            if found is None:
+                pytest.skip(f"{page.name} reads {name}, which is not in ../shared/data here")
+            (cwd / name).symlink_to(found)
+
+
 @pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
 def test_tutorial_runs_and_shows_what_it_prints(page: Path, tmp_path: Path) -> None:
     """The page and its translations, which run the same code (checked below): one run checks what each shows."""
     assert any(f.lang in ("python", "bash") for f in fences(page)), f"{page.name} has no code"
+    link_shared_data(page, tmp_path)
     printed = run_page(page, tmp_path)
     bad = [m for p in (page, *translations(page)) for m in mismatches(p, printed)]
     assert not bad, "\n\n".join(bad) + f"\n\n(`python tests/test_docs.py --update {page.relative_to(ROOT)}` " \
@@ -252,6 +268,7 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a not in ("--update", "--refresh")]
     target = Path(args[0]).resolve()
     folder = Path(args[1]).resolve() if len(args) > 1 else Path(tempfile.mkdtemp(prefix="vitkit-page-"))
+    link_shared_data(target, folder)
     out = run_page(target, folder)
     if "--update" in sys.argv:
         for p in (target, *translations(target)):

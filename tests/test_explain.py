@@ -215,3 +215,17 @@ def test_explanations_on_cuda_match_the_cpu():
         gpu = explain(model.cuda(), x, 1, method).maps
         model.cpu()
         np.testing.assert_allclose(gpu, cpu, atol=1e-3)
+
+
+def test_gains_over_random_and_the_verdict_are_the_hand_computed_ones():
+    from vitkit.inspect import Faithfulness
+
+    fr = np.array([0.0, 0.5, 1.0])
+    flat = np.full((3, 3), 0.5)
+    dele = np.array([[0.5, 0.1, 0.5], [0.5, 0.2, 0.5], [0.5, 0.3, 0.5]])  # areas 0.3, 0.35, 0.4 (trapezoid)
+    f = Faithfulness("m", fr, dele, flat, flat, flat)
+    g, se = f.gain("deletion")
+    assert g == pytest.approx(0.5 - 0.35) and se == pytest.approx(np.std([0.2, 0.15, 0.1], ddof=1) / np.sqrt(3))
+    assert f.gain("insertion") == (0.0, 0.0) and not f.better_than_random  # no gain in insertion
+    assert Faithfulness("m", fr, dele, 1 - dele, flat, flat).better_than_random
+    assert f.row()["deletion_gain"] == 0.15

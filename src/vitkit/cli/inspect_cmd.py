@@ -157,9 +157,10 @@ def explain(args: argparse.Namespace) -> int:
         w.writerows(rows)
     plots.plot_faithfulness(rows, out / "faithfulness.png", f"Faithfulness on {len(x)} images (patches removed / "
                             "added in each map's order)")
-    print(f"{'method':<16}{'deletion':>10}{'(random)':>10}{'insertion':>11}{'(random)':>10}  better than random")
+    print(f"{'method':<16}{'deletion':>10}{'(random)':>10}{'insertion':>11}{'(random)':>10}  better than random "
+          "(by 2 s.e.)")
     for r in rows:
         print(f"{r['method']:<16}{r['deletion_auc']:>10.3f}{r['random_deletion_auc']:>10.3f}{r['insertion_auc']:>11.3f}"
-              f"{r['random_insertion_auc']:>10.3f}  {'yes' if r['better_than_random'] else 'no'}")
+              f"{r['random_insertion_auc']:>10.3f}  {'yes' if r['better_than_random'] else 'not shown'}")
     print(f"wrote {out / 'faithfulness.csv'} and {out / 'faithfulness.png'}")
     return 0

@@ -20,7 +20,7 @@ so the map is the mean over their rows; for MAP the probe's attention over the t
 (Petsiuk et al., RISE, BMVC 2018). Patches are removed from the image (or added to a blank one) in the order the map
 ranks them, and the target class's probability recorded; the area under each curve is compared with the same
 curves for random orders. A map worth believing makes deletion fall faster (lower area) and insertion rise faster
-(higher area) than chance.
+(higher area) than chance, by more than two standard errors over the images (``better_than_random``).
 """
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ def _map_probe_attention(model, x: torch.Tensor) -> torch.Tensor:  # type: ignor
 def _gradcam(model, x: torch.Tensor, targets: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:  # type: ignore
     """Grad-CAM from the ``grad-cam`` package, called as its ViT tutorial does."""
     try:
-        from pytorch_grad_cam import GradCAM  # an optional dependency: pip install "vitkit[explain]"
-        from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+        from pytorch_grad_cam import GradCAM  # optional dependencies: pip install "vitkit[explain]"
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget  # (the same package)
     except ImportError:
         raise ImportError("method 'gradcam' needs the grad-cam package: pip install 'vitkit[explain]'") from None
     n0 = model.num_prefix_tokens
@@ -273,14 +273,28 @@ class Faithfulness:
     def random_insertion_auc(self) -> float:
         return self._auc(self.random_insertion)
 
+    def gain(self, curve: str) -> tuple[float, float]:
+        """How much better than random order the map does on ``curve`` ("deletion" or "insertion"), in area: the
+        mean over images of (random - map) for deletion, (map - random) for insertion, and its standard error."""
+        per_image = np.trapezoid(getattr(self, "random_" + curve) - getattr(self, curve), self.fractions, axis=1)
+        per_image = per_image if curve == "deletion" else -per_image
+        se = per_image.std(ddof=1) / np.sqrt(len(per_image)) if len(per_image) > 1 else float("inf")
+        return float(per_image.mean()), float(se)
+
+    @property
+    def better_than_random(self) -> bool:
+        """Both gains at least two standard errors above zero: the map beats chance on these images, not by luck."""
+        return all(g > 2 * se for g, se in (self.gain("deletion"), self.gain("insertion")))
+
     def row(self) -> dict[str, object]:
         """One line of faithfulness.csv."""
+        (dg, dse), (ig, ise) = self.gain("deletion"), self.gain("insertion")
         return {"method": self.method, "images": len(self.deletion), "deletion_auc": round(self.deletion_auc, 4),
                 "random_deletion_auc": round(self.random_deletion_auc, 4),
                 "insertion_auc": round(self.insertion_auc, 4),
                 "random_insertion_auc": round(self.random_insertion_auc, 4),
-                "better_than_random": self.deletion_auc < self.random_deletion_auc
-                and self.insertion_auc > self.random_insertion_auc}
+                "deletion_gain": round(dg, 4), "deletion_gain_se": round(dse, 4), "insertion_gain": round(ig, 4),
+                "insertion_gain_se": round(ise, 4), "better_than_random": self.better_than_random}
 
 
 def patch_scores(maps: np.ndarray | torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

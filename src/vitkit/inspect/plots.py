@@ -175,7 +175,11 @@ def plot_faithfulness(rows: list[dict], out: Path, title: str = "Faithfulness") 
         ax.bar(names, [r[key] for r in rows], color="#3b6fd8")
         ax.axhline(rows[0]["random_" + key], color="gray", ls="--", lw=1, label="random order")
         ax.set_title(f"{key.split('_')[0]} AUC ({better})", fontsize=10)
-        ax.set_ylim(0, 1), ax.tick_params(axis="x", labelrotation=20, labelsize=8), ax.legend(fontsize=8)
+        ax.set_ylabel("area (the axis does not start at 0)", fontsize=8)
+        values = [r[key] for r in rows] + [rows[0]["random_" + key]]
+        pad = max(0.02, 0.25 * (max(values) - min(values)))  # the differences are the point: not from 0
+        ax.set_ylim(max(0.0, min(values) - pad), min(1.0, max(values) + pad))
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8), ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import re
 from dataclasses import dataclass
@@ -56,8 +57,6 @@ class Ask:
 
 def available_methods() -> list[str]:
     """The explanation methods this server can draw (``gradcam`` needs the optional grad-cam package)."""
-    import importlib.util
-
     return [m for m in METHODS if m != "gradcam" or importlib.util.find_spec("pytorch_grad_cam") is not None]
 
 
