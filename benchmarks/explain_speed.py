@@ -41,7 +41,8 @@ def forward_backward() -> None:
 
 fns = [forward_backward] + [lambda m=m: explain(model, x, 1, m) for m in METHODS]
 times = round_robin_times(fns, warmup=1, repeats=args.rounds, device=args.device)
-print(f"{args.model}, one {tuple(x.shape[-2:])} image, {args.dtype}, {args.device}: {machine_name(torch.device(args.device))}, "
+machine = machine_name(torch.device(args.device))
+print(f"{args.model}, one {tuple(x.shape[-2:])} image, {args.dtype}, {args.device}: {machine}, "
       f"{torch.get_num_threads()} threads, {args.rounds} rounds")
 print(f"{'forward + backward':<20}{statistics.median(times[0]) * 1000:9.1f} ms")
 for name, ts in zip(METHODS, times[1:]):

@@ -137,7 +137,8 @@ def _attentions_and_grads(model, x: torch.Tensor, target):  # type: ignore[no-un
         targets = _targets(model, target, logits.detach())
         score = logits.gather(1, targets.to(logits.device)[:, None]).sum()  # y_t of every image
         grads = torch.autograd.grad(score, attns)
-    return logits.detach(), targets, [a.detach() for a in attns], grads
+    # on the CPU from here: (B, h, T, T) per layer is small, and float64 is not on every device (MPS)
+    return logits.detach(), targets, [a.detach().cpu() for a in attns], [g.cpu() for g in grads]
 
 
 def _map_probe_attention(model, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -163,7 +163,8 @@ class Predictor:
         rollout = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid).numpy()
         for j, (i, image, ask) in enumerate(images):
             target = int(probs[j].argmax()) if ask.target is None else ask.target
-            heat = rollout[j] if ask.method == "rollout" else explain(self.model, x[j:j + 1], target, ask.method).maps[0]
+            heat = (rollout[j] if ask.method == "rollout"
+                    else explain(self.model, x[j:j + 1], target, ask.method).maps[0])
             out[i] = {"top": [{"class": self.names[int(k)], "index": int(k), "prob": round(float(p), 5)}
                               for p, k in zip(top.values[j], top.indices[j])],
                       "explained": {"method": ask.method, "class": self.names[target], "index": target,
