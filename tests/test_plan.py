@@ -241,3 +241,64 @@ def test_the_bias_after_the_matmul_gives_the_same_logits_and_is_chosen_only_when
         assert fast.precision == "fp32" and fast.model.blocks[0].attn.impl == "exact"
         assert isinstance(fast.model.blocks[0].mlp.fc1, inference.SplitBiasLinear) == (faster == "split")
         assert "<- chosen" in fast.calibration.table().splitlines()[-1 if faster == "split" else -2]
+
+
+def _measure(speeds, peaks_gib):
+    """An injected GPU: images per second and peak memory by batch; a batch not listed runs out of memory."""
+    def measure(batch):
+        if batch not in speeds:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return speeds[batch], int(peaks_gib[batch] * 2**30)
+    return measure
+
+
+def test_gpu_batch_doubles_while_throughput_grows_and_memory_and_steps_allow():
+    from vitkit.training.plan import choose_batch
+
+    speeds = {64: 4800, 128: 9000, 256: 17000, 512: 30000, 1024: 31000, 2048: 31500}
+    peaks = {64: 0.5, 128: 1, 256: 2, 512: 4, 1024: 8, 2048: 16}
+    batch, trials = choose_batch(_measure(speeds, peaks), 64, 60_000, 40 * 2**30)
+    assert batch == 512 and [t.batch for t in trials] == [64, 128, 256, 512, 1024]  # 1024: +3%, not +10%
+    batch, trials = choose_batch(_measure(speeds, peaks), 64, 60_000, 4 * 2**30)  # 80% of 4 GiB: 256 fits
+    assert batch == 256 and not trials[-1].fits
+    batch, trials = choose_batch(_measure({64: 4800, 128: 9000}, peaks), 64, 60_000, 40 * 2**30)
+    assert batch == 128 and not trials[-1].fits  # 256 ran out of memory: the last that ran
+    batch, _ = choose_batch(_measure(speeds, peaks), 64, 1437, 40 * 2**30)  # digits: 1437 // 64 = 22 steps
+    assert batch == 64
+
+
+def test_gpu_batch_scales_the_learning_rate_and_says_so(monkeypatch):
+    from vitkit.training.plan import Plan, _decide_batch, scale_lr
+
+    sgd, adamw = TrainConfig(opt="sgd", lr=0.1, batch_size=64), TrainConfig(lr=1e-3, min_lr=1e-5, batch_size=64)
+    assert scale_lr(sgd, 256)["lr"] == pytest.approx(0.4)
+    assert scale_lr(adamw, 256) == pytest.approx({"batch_size": 256, "lr": 2e-3, "min_lr": 2e-5})
+    from vitkit.training.plan import BatchTrial
+
+    monkeypatch.setattr(plan_mod, "choose_batch", lambda measure, base, n, free: (
+        512, [BatchTrial(64, 4800.0, 2**29, True), BatchTrial(512, 30000.0, 2**32, True)]))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    data = vitkit.training.build.build_data(adamw)
+    p = Plan("digits", "cuda:0", "an injected GPU", {})
+    cfg = _decide_batch(adamw, data, torch.device("cuda", 0), p)
+    assert (cfg.batch_size, cfg.gpu_batch, cfg.epochs, cfg.warmup_epochs) == (512, False, 30, 1.0)
+    assert cfg.lr == pytest.approx(1e-3 * 8 ** 0.5)
+    assert "64 4,800 img/s 0.5 GiB, 512 30,000 img/s 4.0 GiB -> 512" in " ".join(p.notes)
+    assert "square-root scaling" in " ".join(p.notes)
+    assert _decide_batch(adamw, data, torch.device("cpu"), p) is adamw  # a CPU keeps the recipe's batch
+
+
+def test_a_batch_the_user_gave_is_kept_on_a_gpu():
+    cfg, _, _ = plan_mod.resolve(Sources({"dataset": "digits"}), lambda s: None)
+    assert cfg.gpu_batch
+    cfg, _, _ = plan_mod.resolve(Sources({"dataset": "digits", "batch_size": 32}), lambda s: None)
+    assert not cfg.gpu_batch and cfg.batch_size == 32
+    cfg, _, _ = plan_mod.resolve(Sources({"dataset": "digits", "batch_size": 32, "gpu_batch": True}), lambda s: None)
+    assert cfg.gpu_batch
+
+
+@pytest.mark.cuda
+def test_gpu_batch_on_a_real_gpu_is_measured_and_fits():
+    cfg, p = make_plan(TrainConfig(dataset="fashion-mnist", batch_size=64, epochs=1), log=lambda s: None)
+    assert cfg.batch_size >= 64 and not cfg.gpu_batch and any("batch on this GPU" in n for n in p.notes)

@@ -55,7 +55,9 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
               "--hflip": ("hflip", "random horizontal flips"),
               "--muon-stem": ("muon_stem", "with --opt muon: Muon for a hybrid's CNN stem filters too"),
               "--muon-embed": ("muon_embed", "with --opt muon: Muon for the patch embedding's projection too"),
-              "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)")}
+              "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)"),
+              "--gpu-batch": ("gpu_batch", "on a CUDA GPU, choose the batch from the measured step and free memory "
+                                           "(the LR scaled with it; the default unless -b/--batch-size is given)")}
 AUTO_BOOL_FLAGS = {"--compile": ("compile", "torch.compile the model; auto: where the budget repays the compile time "
                                             "measured here (the recipes' choice; the plan says why)"),
                    "--channels-last": ("channels_last", "conv weights channels-last; auto: timed here")}

@@ -166,6 +166,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
     merged.setdefault("cache_dir", default_cache_dir())
+    if (saved or "batch_size" in given or "batch_size" in file_cfg) and "gpu_batch" not in given:
+        merged["gpu_batch"] = False  # the batch the user (or the run being resumed) chose stays
     if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
         merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
                                               {**file_cfg.get("model_args", {}), **src.model_args})
@@ -315,7 +317,8 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
 def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
             measure_threads: bool) -> TrainConfig:
     data = data.with_train_fraction(cfg.train_fraction)
-    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads):
+    gpu_batch = device.type == "cuda" and cfg.gpu_batch
+    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads or gpu_batch):
         p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                         channels_last=cfg.channels_last)
         return cfg  # nothing to time
@@ -336,6 +339,7 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     if cal is not None and "auto" in fixed.values():
         p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
     cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
+    cfg = _decide_batch(cfg, data, device, p)  # (the tier was taken at the recipe's batch: a larger one is faster)
     if measure_threads:
         p.notes.append(choose_threads(probe.make(chosen), None, "training step", device)[1])
     compile_on = cfg.compile
@@ -346,6 +350,83 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                     channels_last=cfg.channels_last)
     return cfg
+
+
+# ------------------------------------------------------------------------------------------ the batch on a GPU
+MEMORY_SHARE = 0.8  # of the GPU's free memory a step may peak at
+MIN_GAIN = 1.10  # a doubled batch is kept only for at least 10% more images per second
+MIN_STEPS_PER_EPOCH = 32  # and only while an epoch keeps this many optimizer steps: small data needs its updates
+MAX_BATCH = 4096
+
+
+@dataclass
+class BatchTrial:
+    batch: int
+    img_per_s: float
+    peak_bytes: int
+    fits: bool
+
+
+def choose_batch(measure: Callable[[int], tuple[float, int]], base: int, n_train: int, free_bytes: int,
+                 max_batch: int = MAX_BATCH) -> tuple[int, list[BatchTrial]]:
+    """The batch for a GPU: from ``base``, doubled while the step at twice the batch still peaks under
+    ``MEMORY_SHARE`` of ``free_bytes``, leaves an epoch ``MIN_STEPS_PER_EPOCH`` steps, and gives at least
+    ``MIN_GAIN`` times the images per second. ``measure(batch)`` -> (images per second, peak bytes), or raises
+    ``torch.cuda.OutOfMemoryError``. Returns the batch and every trial."""
+    trials = [BatchTrial(base, *measure(base), True)]
+    best = trials[0]
+    b = base * 2
+    while b <= max_batch and n_train // b >= MIN_STEPS_PER_EPOCH:
+        try:
+            speed, peak = measure(b)
+        except torch.cuda.OutOfMemoryError:
+            trials.append(BatchTrial(b, 0.0, free_bytes, False))
+            break
+        trials.append(BatchTrial(b, speed, peak, peak <= MEMORY_SHARE * free_bytes))
+        if not trials[-1].fits or speed < MIN_GAIN * best.img_per_s:
+            break
+        best = trials[-1]
+        b *= 2
+    return best.batch, trials
+
+
+def scale_lr(cfg: TrainConfig, batch: int) -> dict[str, Any]:
+    """The learning rates for ``batch`` instead of ``cfg.batch_size``: linear scaling for SGD (Goyal et al. 2017),
+    the square root for the adaptive optimizers (AdamW, and Muon's AdamW part; Malladi et al. 2022)."""
+    k = batch / cfg.batch_size
+    factor = k if cfg.opt == "sgd" else k ** 0.5
+    return {"batch_size": batch, "lr": cfg.lr * factor, "min_lr": cfg.min_lr * factor}
+
+
+def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan) -> TrainConfig:
+    """On a CUDA GPU with ``gpu_batch``: the batch from ``choose_batch`` on the run's own step, and the LR with it."""
+    if device.type != "cuda" or not cfg.gpu_batch or cfg.grad_accum != 1:
+        return cfg
+    setting = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
+
+    def measure(batch: int) -> tuple[float, int]:
+        probe = _probe(TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch}), data, device)
+        step = probe.make(setting)
+        step()  # warm-up: kernels chosen, memory pools grown
+        torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(3):
+            step()
+        seconds = (time.perf_counter() - start) / 3
+        return probe.n / seconds, torch.cuda.max_memory_allocated(device)
+
+    free, _ = torch.cuda.mem_get_info(device)
+    batch, trials = choose_batch(measure, cfg.batch_size, len(data.train), free)
+    torch.cuda.empty_cache()
+    p.notes.append("batch on this GPU: " + ", ".join(
+        f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
+        for t in trials) + f" -> {batch}")
+    if batch == cfg.batch_size:
+        return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False})
+    new = scale_lr(cfg, batch)
+    p.notes.append(f"batch {cfg.batch_size} -> {batch}: lr {cfg.lr:g} -> {new['lr']:g} "
+                   f"({'linear' if cfg.opt == 'sgd' else 'square-root'} scaling), the schedule in epochs unchanged")
+    return TrainConfig.from_dict({**cfg.to_dict(), **new, "gpu_batch": False})
 
 
 def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProbe:
