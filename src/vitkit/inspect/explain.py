@@ -37,6 +37,7 @@ from .analysis import rollout_from_attentions
 
 METHODS = ("rollout", "attention-last", "grad-rollout", "gradcam")
 CLASS_SPECIFIC = ("grad-rollout", "gradcam")  # the methods whose map depends on the target class
+PER_IMAGE = (list, tuple, np.ndarray, torch.Tensor)  # a target of these kinds gives one class per image
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _targets(model, target, logits: torch.Tensor) -> torch.Tensor:  # type: igno
     B = logits.shape[0]
     if target is None:
         return logits.argmax(-1).cpu()
-    if isinstance(target, (list, tuple, np.ndarray, torch.Tensor)):
+    if isinstance(target, PER_IMAGE):
         ts = [resolve_target(class_names_of(model), t.item() if hasattr(t, "item") else t) for t in target]
         if len(ts) != B:
             raise ValueError(f"{len(ts)} targets for {B} images: give one class, or one per image")
@@ -221,7 +222,7 @@ def explain(model, images: torch.Tensor, target: int | str | Sequence | None = N
     is run as it is (its dtype and device) in eval mode; its parameters' gradients are left as they were."""
     check_method(method)
     grid = check_images(model, images)
-    if isinstance(target, (list, tuple, np.ndarray, torch.Tensor)) and len(target) != len(images):
+    if isinstance(target, PER_IMAGE) and len(target) != len(images):
         raise ValueError(f"{len(target)} targets for {len(images)} images: give one class, or one per image")
     p = next(model.parameters())
     was_training = model.training
@@ -230,7 +231,7 @@ def explain(model, images: torch.Tensor, target: int | str | Sequence | None = N
     parts = []
     try:
         for i in range(0, len(images), batch_size):
-            t = target[i:i + batch_size] if isinstance(target, (list, tuple, np.ndarray, torch.Tensor)) else target
+            t = target[i:i + batch_size] if isinstance(target, PER_IMAGE) else target
             x = images[i:i + batch_size].to(p.device, p.dtype)
             parts.append(_explain_batch(model, x, t, method, grid))
     finally:
