@@ -236,9 +236,12 @@ def test_every_converter_names_keys_it_does_not_understand(tmp_path):
     model = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
                                                       num_classes=3))
     sd = {k: v.contiguous() for k, v in vitkit.interop.to_timm(model).items()}
-    save_file({**sd, "blocks.0.ls1.gamma": torch.ones(32)}, tmp_path / "timm.safetensors")
-    with pytest.raises(ValueError, match=r"blocks\.0\.ls1\.gamma"):
-        vitkit.load(tmp_path / "timm.safetensors")
+    save_file({**sd, "blocks.0.gamma_1": torch.ones(32)}, tmp_path / "timm.safetensors")  # timm's Eva (RoPE) class
+    with pytest.raises(ValueError, match=r"blocks\.0\.gamma_1.*Eva"):
+        vitkit.load(tmp_path / "timm.safetensors", num_heads=2)
+    save_file({**sd, "blocks.0.ls1.gamma": torch.ones(32)}, tmp_path / "timm1.safetensors")  # half a LayerScale
+    with pytest.raises(ValueError, match=r"missing \['blocks\.0\.ls2\.gamma'\]"):
+        vitkit.load(tmp_path / "timm1.safetensors", num_heads=2)
     save_file({**sd, "blocks.0.attn.extra": torch.ones(2)}, tmp_path / "timm2.safetensors")
     with pytest.raises(ValueError, match=r"unexpected \['blocks\.0\.attn\.extra'\]"):
         vitkit.load(tmp_path / "timm2.safetensors", num_heads=2)

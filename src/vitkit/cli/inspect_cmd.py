@@ -99,9 +99,14 @@ def run(args: argparse.Namespace) -> int:
             layer = args.layer if args.layer >= 0 else len(attns) + args.layer
             a = attns[layer][0]  # h t t
             grid = model.patch_embed.grid_for(tuple(x.shape[-2:]))
-            n0 = model.num_prefix_tokens
-            maps = (a[:, 0, n0:] if n0 else a[:, n0:, n0:].mean(1)).reshape(a.shape[0], *grid)
-            plots.plot_attention_heads(shown, maps.numpy(), out, layer + 1)
+            n0 = model.num_prefix_tokens  # register tokens are left out of the maps: they are not patches
+            if model.num_readout_tokens:
+                names = ("class token", "distillation token")[:model.num_readout_tokens]
+                maps = {name: a[:, i, n0:] for i, name in enumerate(names)}
+            else:
+                maps = {"output token (mean over the patches)": a[:, n0:, n0:].mean(1)}
+            plots.plot_attention_heads(shown, {k: v.reshape(a.shape[0], *grid).numpy() for k, v in maps.items()},
+                                       out, layer + 1)
     print(f"wrote {out}")
     return 0
 

@@ -11,11 +11,22 @@ from ..model.config import to_2tuple
 
 
 # ------------------------------------------------------------------------------------------------ from attentions
+def readout_rows(rel: torch.Tensor, num_prefix_tokens: int, readout: int | None = None) -> torch.Tensor:
+    """(B, T, T) token-to-token weights -> (B, N): how the tokens the head reads draw on the patches. ``readout``
+    leading tokens are read (the class token; with DeiT's distillation token, both, averaged as its heads are);
+    0: the mean over the patch tokens (GAP; MAP approximately). None: the class token when there is a prefix.
+    Register tokens are neither read nor shown: they are prefix tokens past the readout."""
+    readout = (1 if num_prefix_tokens else 0) if readout is None else readout
+    if readout:
+        return rel[:, :readout, num_prefix_tokens:].mean(dim=1)
+    return rel[:, num_prefix_tokens:, num_prefix_tokens:].mean(dim=1)
+
+
 def rollout_from_attentions(attns: list[torch.Tensor], num_prefix_tokens: int, grid: tuple[int, int],
-                            residual: float = 0.5) -> torch.Tensor:
+                            residual: float = 0.5, readout: int | None = None) -> torch.Tensor:
     """Abnar & Zuidema (2020): average heads, add the residual as identity, renormalise rows, multiply through the
     layers. Returns (B, gh, gw): how much the output token draws on each patch - the class token, or for GAP
-    models the mean over patch tokens (what the head sees)."""
+    models the mean over patch tokens (what the head sees); ``readout`` as in ``readout_rows``."""
     B, _, T, _ = attns[0].shape
     eye = torch.eye(T, dtype=torch.float64)
     rollout = eye.expand(B, T, T).clone()
@@ -24,10 +35,7 @@ def rollout_from_attentions(attns: list[torch.Tensor], num_prefix_tokens: int, g
         a = residual * eye + (1 - residual) * a
         a = a / a.sum(dim=-1, keepdim=True)
         rollout = a @ rollout  # later layers mix what the earlier ones produced
-    if num_prefix_tokens:
-        out = rollout[:, 0, num_prefix_tokens:]
-    else:
-        out = rollout[:, :, :].mean(dim=1)
+    out = readout_rows(rollout, num_prefix_tokens, readout)
     out = out / out.sum(dim=-1, keepdim=True)
     return out.reshape(B, *grid).float()
 
@@ -59,7 +67,7 @@ def pos_embed_similarity(model) -> np.ndarray:  # type: ignore[no-untyped-def]
     if pe is None:
         raise ValueError("this model has no position embedding (pos_embed='none')")
     grid = model.patch_embed.grid_size
-    e = F.normalize(pe[0, model.num_prefix_tokens:].detach().float(), dim=-1)
+    e = F.normalize(pe[0, model.config.pos_prefix_tokens:].detach().float(), dim=-1)
     return (e @ e.T).reshape(*grid, *grid).numpy()
 
 
@@ -107,7 +115,8 @@ def _grid_of(model, images: torch.Tensor) -> tuple[int, int]:  # type: ignore[no
 def attention_rollout(model, images: torch.Tensor) -> np.ndarray:  # type: ignore[no-untyped-def]
     """(B, gh, gw) rollout of the output token's attention onto the patches (paper Fig. 6)."""
     attns = attention_maps(model, images)
-    return rollout_from_attentions(attns, model.num_prefix_tokens, _grid_of(model, images)).numpy()
+    return rollout_from_attentions(attns, model.num_prefix_tokens, _grid_of(model, images),
+                                   readout=model.num_readout_tokens).numpy()
 
 
 def mean_attention_distance(model, images: torch.Tensor, batch_size: int = 64) -> np.ndarray:  # type: ignore

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.vit import record_attention
-from .analysis import rollout_from_attentions
+from .analysis import readout_rows, rollout_from_attentions
 
 METHODS = ("rollout", "attention-last", "grad-rollout", "gradcam")
 CLASS_SPECIFIC = ("grad-rollout", "gradcam")  # the methods whose map depends on the target class
@@ -115,10 +115,7 @@ def check_images(model, images: torch.Tensor) -> tuple[int, int]:  # type: ignor
 # ------------------------------------------------------------------------------------------------ the methods
 def _output_rows(model, rel: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """(B, T, T) token-to-token relevance -> (B, N) relevance of the output token(s) on the patches."""
-    n0 = model.num_prefix_tokens
-    if model.config.pool == "cls":
-        return rel[:, 0, n0:]
-    return rel[:, n0:, n0:].mean(dim=1)  # GAP (and MAP, approximately): the mean of the patch tokens
+    return readout_rows(rel, model.num_prefix_tokens, model.num_readout_tokens)
 
 
 def grad_rollout(attns: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -206,7 +203,7 @@ def _explain_batch(model, x: torch.Tensor, target, method: str, grid: tuple[int,
                     logits = model(x)
                 if method == "rollout":
                     patch = rollout_from_attentions([a.float().cpu() for a in attns], model.num_prefix_tokens,
-                                                    grid).reshape(B, -1)
+                                                    grid, readout=model.num_readout_tokens).reshape(B, -1)
                 else:
                     patch = _output_rows(model, attns[-1].float().mean(1))
         targets = _targets(model, target, logits)

@@ -81,16 +81,20 @@ def _tiles(n: int, cols: int, w: float, h: float):  # type: ignore[no-untyped-de
     return fig, axes, list(enumerate(axes.flat))[:n]
 
 
-def plot_attention_heads(image: np.ndarray, maps: np.ndarray, out: Path, layer: int) -> None:
-    """Each head's attention from the output token to the patches, one panel per head, over the image."""
+def plot_attention_heads(image: np.ndarray, maps: dict[str, np.ndarray], out: Path, layer: int) -> None:
+    """Each head's attention from the output token(s) to the patches, one panel per head, over the image: ``maps``
+    {token name: (heads, gh, gw)}, one group of rows per token (DeiT's distillation token beside the class token)."""
     img = _image_for_display(image)
-    fig, axes, panels = _tiles(maps.shape[0], 6, 2.4, 2.4)
+    heads = next(iter(maps.values())).shape[0]
+    panels_of = [(name, h) for name in maps for h in range(heads)]
+    fig, axes, panels = _tiles(len(panels_of), min(heads, 6), 2.4, 2.4)
     for i, ax in panels:
+        name, h = panels_of[i]
         ax.imshow(img, cmap="gray" if img.ndim == 2 else None)
-        im = ax.imshow(_upsample(maps[i], img.shape[:2]), cmap="jet", alpha=0.5)
-        ax.set_title(f"head {i}", fontsize=9)
+        im = ax.imshow(_upsample(maps[name][h], img.shape[:2]), cmap="jet", alpha=0.5)
+        ax.set_title(f"{name} · head {h}" if len(maps) > 1 else f"head {h}", fontsize=9)
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, label="attention")
-    fig.suptitle(f"Layer {layer}: attention of the output token to each patch")
+    fig.suptitle(f"Layer {layer}: attention of the {' and the '.join(maps)} to each patch")
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
 

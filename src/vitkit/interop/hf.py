@@ -73,6 +73,7 @@ def vitkit_to_hf(model: VisionTransformer) -> tuple[dict[str, torch.Tensor], dic
     """(state dict with the Hub's file names, config.json dict) of the equivalent ``ViTForImageClassification``;
     ``ViTForImageClassification.from_pretrained`` reads the folder they make."""
     c = model.config
+    c.refuse_after_paper("Hugging Face's ViTForImageClassification")
     if c.pool != "cls" or c.fc_norm or c.pos_embed != "learn" or c.hybrid:
         raise ValueError("Hugging Face ViT has only the class-token, learned-position-embedding, non-hybrid model; "
                          f"this one has pool={c.pool!r}, pos_embed={c.pos_embed!r}, hybrid={c.hybrid!r}")

@@ -61,12 +61,16 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
     stride = hybrid_stride(hybrid) if hybrid else 1
     depth = len({m.group(1) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))})
     pool = known.get("pool") or ("cls" if "cls_token" in sd else "map" if "attn_pool.latent" in sd else "gap")
+    after = dict(dist_token="dist_token" in sd, reg_tokens=sd["reg_token"].shape[1] if "reg_token" in sd else 0,
+                 qk_norm="blocks.0.attn.q_norm.weight" in sd,
+                 # LayerScale's starting value is not in the weights (only where training took it); DINOv2's
+                 layer_scale=1e-5 if "blocks.0.ls1.gamma" in sd else None)
     if pool == "cls" and "fc_norm.weight" in sd and "pool" not in known:
         raise ValueError(f"{source}: a class token and an fc_norm: what timm writes for global_pool='avg' with a class "
                          "token (the mean of the patch tokens), which vitkit does not have. If the model pools its "
                          "class token (global_pool='token', fc_norm=True), pass pool='cls' "
                          "(`vitkit import --pool cls`)")
-    prefix = 1 if pool == "cls" else 0
+    prefix = int(pool == "cls") + int(after["dist_token"]) + after["reg_tokens"]
     cfg: dict[str, Any] = dict(
         patch_size=ph if ph == pw else (ph, pw), in_chans=in_chans, embed_dim=dim, depth=depth,
         num_heads=known["num_heads"] if "num_heads" in known else heads_for(dim, source) if depth else 1,
@@ -74,9 +78,14 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim if depth else 4.0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         fc_norm="fc_norm.weight" in sd, hybrid=hybrid,
-        pos_embed="learn" if "pos_embed" in sd else "none")
+        pos_embed="learn" if "pos_embed" in sd else "none", **after)
     if "pos_embed" in sd:
-        n = sd["pos_embed"].shape[1] - prefix
+        no_embed = known.get("no_embed_class")
+        if no_embed is None:
+            no_embed = _table_has_no_prefix_rows(sd["pos_embed"].shape[1], prefix, known.get("img_size"), (ph, pw),
+                                                 stride, source)
+        cfg["no_embed_class"] = no_embed
+        n = sd["pos_embed"].shape[1] - (0 if no_embed else prefix)
         side = math.isqrt(n)
         if "img_size" in known:
             if (cells := patch_count(known["img_size"], (ph, pw), stride)) != n:
@@ -95,9 +104,33 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
     return ViTConfig(**cfg)
 
 
-def table_is_square(sd: dict[str, torch.Tensor]) -> bool:
+def _square(n: int) -> bool:
+    return n >= 0 and math.isqrt(n) ** 2 == n
+
+
+def _table_has_no_prefix_rows(rows: int, prefix: int, img_size: Any, patch: tuple[int, int], stride: int,
+                              source: str) -> bool:
+    """Whether the position table covers the patches alone (timm's ``no_embed_class``: DeiT III, DINOv2) rather than
+    the prefix tokens too. The image size decides it where given; without it, only a table that is a square grid
+    with the prefix rows and not without them is read (as the paper's models are); otherwise both readings fit."""
+    if not prefix:
+        return False
+    if img_size is not None:
+        return rows == patch_count(img_size, patch, stride)
+    if _square(rows):
+        raise ValueError(f"{source}: the position table's {rows} rows are either a square grid of {rows} patches "
+                         f"without rows for the {prefix} prefix token(s) (timm's no_embed_class: DeiT III, DINOv2) or "
+                         f"{rows - prefix} patches{' in a square grid' if _square(rows - prefix) else ', not a square grid,'}"
+                         " with them; pass the image size: `--img-size H W` (Python: img_size=(H, W))")
+    return False
+
+
+def table_is_square(sd: dict[str, torch.Tensor], no_embed_class: bool | None = None) -> bool:
     """Whether the state dict's learned position table fixes the image size (a square grid) by itself."""
     if "pos_embed" not in sd:
         return False
-    n = sd["pos_embed"].shape[1] - (1 if "cls_token" in sd else 0)
-    return math.isqrt(n) ** 2 == n
+    prefix = sum(sd[k].shape[1] for k in ("cls_token", "dist_token", "reg_token") if k in sd)
+    rows = sd["pos_embed"].shape[1]
+    if no_embed_class is not None:
+        return _square(rows - (0 if no_embed_class else prefix))
+    return _square(rows - prefix) and (not prefix or not _square(rows))

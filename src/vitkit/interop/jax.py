@@ -283,6 +283,7 @@ def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
     """Write ``model`` in the layout of the released vision_transformer files (which that code, big_vision's
     loader and timm read), with big_vision's ``MAPHead_0`` for attention pooling."""
     c: ViTConfig = model.config
+    c.refuse_after_paper("the official npz layout (vision_transformer)")
     if c.fc_norm or c.pos_embed == "sincos2d" or (c.hybrid and not c.hybrid.startswith("resnetv2")):
         raise ValueError("only ViTs without fc_norm, sincos2d or a non-official hybrid stem have the official npz "
                          f"layout (this one: fc_norm={c.fc_norm}, pos_embed={c.pos_embed!r}, hybrid={c.hybrid!r})")

@@ -46,12 +46,13 @@ def detect_format(src: str | Path) -> str:
 
 
 # What the weights cannot say (set on the inferred config), as opposed to adaptations (img_size, num_classes).
-FACTS = ("num_heads", "pos_embed", "layer_norm_eps", "pool")
+FACTS = ("num_heads", "pos_embed", "layer_norm_eps", "pool", "layer_scale", "no_embed_class")
 
 
 def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
     facts = {k: overrides.pop(k) for k in FACTS if k in overrides}
-    if "img_size" in overrides and "img_size" not in said and not table_is_square(sd):
+    if "img_size" in overrides and "img_size" not in said and not table_is_square(
+            sd, facts.get("no_embed_class", said.get("no_embed_class"))):
         # no square table and no written size: the size is a fact, not a change
         facts["img_size"] = overrides.pop("img_size")
     return build_adapted(infer_config(sd, source, **{**said, **facts}), sd, source, **overrides)

@@ -15,7 +15,13 @@ from .registry import PRETRAINED, Pretrained, get_pretrained
 
 LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
 ARCH_KEYS = ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool",
-             "pos_embed", "fc_norm", "hybrid")
+             "pos_embed", "fc_norm", "hybrid", "dist_token", "reg_tokens", "no_embed_class", "layer_scale", "qk_norm")
+
+
+def _arch(c: Any, key: str) -> Any:
+    """The part of a config field that makes the architecture: LayerScale's presence, not its starting value."""
+    v = getattr(c, key)
+    return v is not None if key == "layer_scale" else v
 
 
 def class_names(labels: str | None, num_classes: int) -> list[str] | None:
@@ -58,8 +64,8 @@ def resolve(source: str, revision: str | None = None, progress: bool = True) -> 
 def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
     """The weights are the architecture the name promises (never a silently different model under its name)."""
     want = PRESETS[arch]
-    diff = {k: (getattr(want, k), getattr(model.config, k)) for k in ARCH_KEYS
-            if getattr(want, k) != getattr(model.config, k)}
+    diff = {k: (_arch(want, k), _arch(model.config, k)) for k in ARCH_KEYS
+            if _arch(want, k) != _arch(model.config, k)}
     if diff:
         raise ValueError(f"{source}: the weights are not a {arch}: " + ", ".join(
             f"{k} {theirs!r} where {arch} has {ours!r}" for k, (ours, theirs) in diff.items()))
@@ -68,6 +74,10 @@ def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
 def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progress: bool = True,
                           **overrides: Any) -> VisionTransformer:
     path = fetch(entry, revision, progress)
+    if entry.fmt == "timm":  # what timm's weights cannot say, as the architecture has it
+        preset = PRESETS[entry.arch]
+        overrides = {"num_heads": preset.num_heads, "layer_scale": preset.layer_scale,
+                     "no_embed_class": preset.no_embed_class, **overrides}
     model = load(path, entry.fmt, **overrides)
     check_arch(model, entry.arch, entry.source)
     return with_preprocessing(model, entry, source=entry.name,

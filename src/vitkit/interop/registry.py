@@ -50,7 +50,7 @@ class Pretrained:
 
 
 def _timm(name: str, top1: float | None, *, arch: str | None = None, **kw: Any) -> Pretrained:
-    size = 384 if "_384" in name else 224
+    size = kw.pop("img_size", 384 if "_384" in name else 224)
     kw.setdefault("crop_pct", 1.0 if size == 384 else 0.9)
     if name.endswith(("augreg_in21k", "orig_in21k")):
         kw.setdefault("labels", "imagenet-21k" if name.endswith("augreg_in21k") else None)
@@ -107,6 +107,18 @@ ENTRIES: list[Pretrained] = [
     _timm("deit_small_patch16_224.fb_in1k", 79.844, **DEIT),
     _timm("deit_base_patch16_224.fb_in1k", 81.992, **DEIT),
     _timm("deit_base_patch16_384.fb_in1k", 83.106, **DEIT),
+    # After the paper (docs "After the paper"): DeiT's distillation token (Touvron et al. 2021), DeiT III's LayerScale
+    # (Touvron et al. 2022), DINOv2 with registers (Oquab et al. 2024; Darcet et al. 2024: features, no head, at the
+    # 518 px its authors use), a GAP model with LayerScale (timm's own, "sw": ImageNet-12k then 1k)
+    _timm("deit_small_distilled_patch16_224.fb_in1k", 81.218, arch="deit_small_distilled_patch16_224", **DEIT),
+    _timm("deit_base_distilled_patch16_224.fb_in1k", 83.386, arch="deit_base_distilled_patch16_224", **DEIT),
+    _timm("deit3_small_patch16_224.fb_in1k", 81.370, **DEIT),
+    _timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 85.700, crop_pct=1.0, **DEIT),
+    _timm("vit_small_patch14_reg4_dinov2.lvd142m", None, img_size=518, crop_pct=1.0, labels=None, num_classes=0,
+          **DEIT),
+    _timm("vit_base_patch14_reg4_dinov2.lvd142m", None, img_size=518, crop_pct=1.0, labels=None, num_classes=0,
+          **DEIT),
+    _timm("vit_medium_patch16_gap_256.sw_in12k_ft_in1k", 84.446, img_size=256, crop_pct=0.95),
     # Hugging Face (google/): the paper's weights converted by transformers
     _hf("google/vit-base-patch16-224", "vit_base_patch16_224"),
     _hf("google/vit-base-patch16-384", "vit_base_patch16_384"),

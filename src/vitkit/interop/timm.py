@@ -1,6 +1,7 @@
 """timm's ``VisionTransformer``: the same parameter names, so conversion is a checked identity."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -10,7 +11,14 @@ from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .infer import infer_config
 
-UNSUPPORTED = ("norm_pre.", ".ls1.", ".ls2.", ".q_norm.", ".k_norm.", "reg_token")
+# Weights of timm models outside the VisionTransformer family vitkit holds, by a key only they have.
+UNSUPPORTED = {
+    "norm_pre.": "a LayerNorm before the encoder (CLIP-style towers, timm's pre_norm=True)",
+    ".gamma_1": "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases",
+    ".attn.q_bias": "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases",
+    ".mlp.fc1_g.": "a SwiGLU MLP (EVA-02, SigLIP 2 So400m variants)",
+    ".attn.norm.": "a norm inside attention before its projection (timm's scale_norm)",
+}
 
 
 def timm_config(model: Any) -> dict[str, Any]:
@@ -25,6 +33,10 @@ def timm_config(model: Any) -> dict[str, Any]:
     if getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is None:
         raise ValueError("a timm model without a class token must use global_pool='avg'")
     known["img_size"] = tuple(model.patch_embed.img_size)
+    known["no_embed_class"] = bool(getattr(model, "no_embed_class", False))
+    if getattr(model, "distilled_training", False):
+        raise ValueError("a timm distilled model set to distilled_training returns two outputs while training; vitkit's "
+                         "returns their average, as timm's does otherwise: call set_distilled_training(False)")
     known["layer_norm_eps"] = getattr(model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm,
                                       "eps", 1e-6)
     return known
@@ -32,9 +44,11 @@ def timm_config(model: Any) -> dict[str, Any]:
 
 def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict") -> dict[str, torch.Tensor]:
     """timm -> vitkit state dict (the names are the same; unsupported timm variants are refused by name)."""
-    bad = sorted(k for k in sd if any(u in k for u in UNSUPPORTED))
-    if bad:
-        raise ValueError(f"{source}: these timm variants are not the paper's ViT and are not supported: {bad[:5]}")
+    for part, what in UNSUPPORTED.items():
+        bad = sorted(k for k in sd if part in k)
+        if bad:
+            raise ValueError(f"{source}: {bad[:3]} belong to {what}, which vitkit does not implement (it reads timm's "
+                             "VisionTransformer with class/distillation/register tokens, LayerScale and q/k norm)")
     return dict(sd)
 
 
@@ -67,4 +81,15 @@ def timm_kwargs(c: ViTConfig) -> dict[str, Any]:
                 embed_dim=c.embed_dim, depth=c.depth, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio,
                 qkv_bias=c.qkv_bias, class_token=c.pool == "cls",
                 global_pool={"cls": "token", "gap": "avg", "map": "map"}[c.pool],
-                fc_norm=c.fc_norm, no_embed_class=False, dynamic_img_size=False)
+                fc_norm=c.fc_norm, no_embed_class=c.no_embed_class, dynamic_img_size=False,
+                reg_tokens=c.reg_tokens, init_values=c.layer_scale, qk_norm=c.qk_norm,
+                norm_layer=partial(torch.nn.LayerNorm, eps=c.layer_norm_eps))
+
+
+def timm_model(c: ViTConfig) -> Any:
+    """The live timm model that ``to_timm``'s state dict loads into strictly: ``VisionTransformer``, or DeiT's
+    ``VisionTransformerDistilled`` when the config has a distillation token (needs timm installed)."""
+    from timm.models.deit import VisionTransformerDistilled  # optional dependency: timm (the dev extra)
+    from timm.models.vision_transformer import VisionTransformer as TimmViT  # (the same package)
+
+    return (VisionTransformerDistilled if c.dist_token else TimmViT)(**timm_kwargs(c))

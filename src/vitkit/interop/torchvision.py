@@ -22,6 +22,7 @@ def vitkit_to_torchvision(model: VisionTransformer) -> tuple[dict[str, torch.Ten
     """(state dict, constructor kwargs) of the equivalent ``torchvision.models.VisionTransformer``."""
     c = model.config
     (h, w), (ph, pw) = to_2tuple(c.img_size), to_2tuple(c.patch_size)
+    c.refuse_after_paper("torchvision's VisionTransformer")
     if c.pool != "cls" or c.hybrid or c.pos_embed != "learn" or h != w or ph != pw or not c.qkv_bias or c.fc_norm:
         raise ValueError("torchvision's ViT is square, class-token, learned-position, qkv-bias only")
     inv_top = {v: k for k, v in _TOP.items()}

@@ -9,6 +9,7 @@ from .fields import check_keys, check_range, coerce_fields
 
 POOLS = ("cls", "gap", "map")
 POS_EMBEDS = ("learn", "sincos2d", "none")
+AFTER_PAPER = ("dist_token", "reg_tokens", "no_embed_class", "layer_scale", "qk_norm")
 
 
 def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -32,6 +33,9 @@ class ViTConfig:
     ``pool`` reads the image off the encoder: ``"cls"`` the class token (Eq. 4), ``"gap"`` the mean of the patch
     tokens, ``"map"`` multihead attention pooling (a learned probe attends over the tokens: big_vision, SigLIP).
     ``fc_norm`` moves the final LayerNorm after the pooling (timm's default for ``global_pool="avg"``).
+
+    After the paper (docs: "After the paper"), each off by default, so the defaults are the paper's ViT:
+    ``dist_token``, ``reg_tokens``, ``no_embed_class``, ``layer_scale``, ``qk_norm``.
     """
 
     img_size: int | tuple[int, int] = 224
@@ -47,6 +51,20 @@ class ViTConfig:
     pos_embed: str = "learn"
     fc_norm: bool = False
     hybrid: str | None = None
+    # DeiT (Touvron et al. 2021): a distillation token beside the class token, read by its own head; the two
+    # heads' logits are averaged.
+    dist_token: bool = False
+    # Registers (Darcet et al. 2024, "Vision Transformers Need Registers"): tokens no head reads, which take over
+    # the global computation that otherwise hijacks a few background patches.
+    reg_tokens: int = 0
+    # E_pos covers the patches only; the class/distillation/register tokens join after it is added (DeiT III,
+    # DINOv2, big_vision): timm's ``no_embed_class``.
+    no_embed_class: bool = False
+    # LayerScale (Touvron et al. 2021, CaiT; DeiT III, DINOv2): each residual branch times a learned per-channel
+    # gain diag(gamma), initialised to this value; None: none (the paper's Eq. 2-3).
+    layer_scale: float | None = None
+    # q/k normalisation (Dehghani et al. 2023, ViT-22B): a LayerNorm on each head's queries and keys.
+    qk_norm: bool = False
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -73,6 +91,10 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
         if self.pos_embed not in POS_EMBEDS:
             raise ValueError(f"ViTConfig.pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.dist_token and (self.pool != "cls" or self.fc_norm):
+            raise ValueError("dist_token (DeiT) needs pool='cls' and fc_norm=False: its heads read the class and "
+                             f"distillation tokens after the final LayerNorm; got pool={self.pool!r}, "
+                             f"fc_norm={self.fc_norm}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
@@ -89,6 +111,8 @@ class ViTConfig:
             check_range("ViTConfig", name, getattr(self, name), hi=hi)
         check_range("ViTConfig", "mlp_ratio", self.mlp_ratio, 0, 64, lo_open=True)
         check_range("ViTConfig", "layer_norm_eps", self.layer_norm_eps, 0, 1, lo_open=True)
+        check_range("ViTConfig", "reg_tokens", self.reg_tokens, 0, 256)
+        check_range("ViTConfig", "layer_scale", self.layer_scale, 0, 10, lo_open=True)
         for name in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
             check_range("ViTConfig", name, getattr(self, name), 0, 1, hi_open=True)
         for side, patch in zip(to_2tuple(self.img_size), to_2tuple(self.patch_size)):
@@ -97,7 +121,29 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.pool == "cls" else 0
+        """Tokens before the patches: [class][distillation][registers...]."""
+        return int(self.pool == "cls") + int(self.dist_token) + self.reg_tokens
+
+    @property
+    def num_readout_tokens(self) -> int:
+        """The leading tokens the head reads: the class token (and the distillation token), or 0 when it reads the
+        patches (GAP, MAP)."""
+        return int(self.pool == "cls") + int(self.dist_token)
+
+    @property
+    def pos_prefix_tokens(self) -> int:
+        """Rows of the position table before the patches' rows: none with ``no_embed_class``."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
+
+    def after_paper(self) -> list[str]:
+        """The additions made after the paper that this config uses, by field name ([] for the paper's ViT)."""
+        return [name for name in AFTER_PAPER if getattr(self, name) not in (False, 0, None)]
+
+    def refuse_after_paper(self, fmt: str) -> None:
+        """Raise, naming them, if this config uses additions ``fmt``'s model class cannot hold."""
+        if used := self.after_paper():
+            raise ValueError(f"{fmt} has no {', '.join(used)} (additions after the paper, in this model): export "
+                             "timm, safetensors or onnx instead")
 
     @property
     def input_stride(self) -> int:
@@ -205,6 +251,16 @@ def _build_presets() -> dict[str, ViTConfig]:
                                                         **TABLE1["small"])
         presets[f"vit_base_r50_s16_{res}"] = ViTConfig(img_size=res, patch_size=1, hybrid="resnetv2:3,4,9",
                                                        **TABLE1["base"])
+    # After the paper, under timm's names (docs: "After the paper"): DeiT's distilled models, DeiT III's LayerScale
+    # models, DINOv2 with registers (features only: no head), and a no-class-token GAP model with LayerScale.
+    for size in ("small", "base"):
+        presets[f"deit_{size}_distilled_patch16_224"] = ViTConfig(dist_token=True, **TABLE1[size])
+        presets[f"deit3_{size}_patch16_224"] = ViTConfig(no_embed_class=True, layer_scale=1e-6, **TABLE1[size])
+        presets[f"vit_{size}_patch14_reg4_dinov2"] = ViTConfig(
+            img_size=518, patch_size=14, num_classes=0, reg_tokens=4, no_embed_class=True, layer_scale=1e-5,
+            **TABLE1[size])
+    presets["vit_medium_patch16_gap_256"] = ViTConfig(img_size=256, embed_dim=512, depth=12, num_heads=8, pool="gap",
+                                                      qkv_bias=False, layer_scale=1e-6)
     # Small models for small images (Fashion-MNIST, CIFAR, digits): not in the paper, used by our recipes.
     presets["vit_micro_patch4_32"] = ViTConfig(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4)
     presets["vit_nano_patch2_8"] = ViTConfig(img_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4,

@@ -13,7 +13,7 @@ from .config import ViTConfig
 from .posembed import resample_pos_embed
 from .serialization import (CONFIG_NAME, DEFAULT_PREPROCESSING, WEIGHTS_NAME, atomic_write, fit_channels,
                             read_config, read_safetensors, safetensors_shapes, save_pretrained)
-from .vit import VisionTransformer
+from .vit import HEADS, VisionTransformer
 
 __all__ = ["ADAPTABLE", "CONFIG_NAME", "DEFAULT_PREPROCESSING", "WEIGHTS_NAME", "adapt_state_dict", "atomic_write",
            "build_adapted", "fit_channels", "from_pretrained", "load_state_dict_into", "read_config",
@@ -48,13 +48,14 @@ def adapt_state_dict(state: dict[str, torch.Tensor], src: ViTConfig, dst: ViTCon
     and, when the class count changes, start a new zero-initialised head (as the paper fine-tunes)."""
     state = dict(state)
     if "pos_embed" in state and src.img_size != dst.img_size:
-        state["pos_embed"] = resample_pos_embed(state["pos_embed"], dst.grid_size, src.num_prefix_tokens,
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], dst.grid_size, src.pos_prefix_tokens,
                                                 src.grid_size)
     if src.num_classes != dst.num_classes:
-        state.pop("head.weight", None), state.pop("head.bias", None)
-        if dst.num_classes > 0:
-            state["head.weight"] = torch.zeros(dst.num_classes, dst.embed_dim)
-            state["head.bias"] = torch.zeros(dst.num_classes)
+        for head in HEADS[:1 + dst.dist_token]:  # DeiT's distillation head starts anew beside the class head
+            state.pop(f"{head}.weight", None), state.pop(f"{head}.bias", None)
+            if dst.num_classes > 0:
+                state[f"{head}.weight"] = torch.zeros(dst.num_classes, dst.embed_dim)
+                state[f"{head}.bias"] = torch.zeros(dst.num_classes)
     return state
 
 

@@ -5,7 +5,9 @@
     z_l = MLP(LN(z'_l)) + z'_l                                            (Eq. 3)
     y = LN(z_L^0)                                                         (Eq. 4)
 
-Parameter names follow timm's ``VisionTransformer`` so state dicts move between the two unchanged.
+Parameter names follow timm's ``VisionTransformer`` so state dicts move between the two unchanged. The additions
+made after the paper (distillation and register tokens, LayerScale, q/k normalisation: see ViTConfig) are optional
+parts, absent unless the config turns them on.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from .hybrid import cnn_stem
 from .posembed import resample_pos_embed, sincos_2d_pos_embed
 from .serialization import save_pretrained
 
+
+# The classifier heads (zero-initialised, replaced on fine-tuning, the only layers a linear probe trains).
+HEADS = ("head", "head_dist")
 
 # Attention implementations besides the two below, by name: (qkv (B, T, 3, h, D_h), scale) -> (B, T, h, D_h), for
 # inference only, with the head sizes D_h each takes. vitkit.runtime registers its CPU kernel here as "cpu_kernel".
@@ -46,11 +51,15 @@ class Attention(nn.Module):
     the attention probabilities can be observed: see ``record_attention``), or a registered kernel (inference only;
     training falls back to SDPA). Set it with ``set_attention``."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float) -> None:
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float,
+                 qk_norm: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5  # 1/sqrt(D_h), applied *before* the softmax
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        if qk_norm:  # ViT-22B (Dehghani et al. 2023): q and k LayerNorm-ed per head, keeping the logits bounded
+            self.q_norm = nn.LayerNorm(dim // num_heads, eps=eps)
+            self.k_norm = nn.LayerNorm(dim // num_heads, eps=eps)
         self.attend = nn.Softmax(dim=-1)  # a module, so record_attention can observe its output
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
@@ -60,6 +69,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)  # b t (3 h d) -> b t 3 h d
+        if hasattr(self, "q_norm"):
+            q, k, v = qkv.unbind(2)
+            qkv = torch.stack([self.q_norm(q), self.k_norm(k), v], dim=2)
         if self.impl in ATTENTION_KERNELS and not self.training:
             x = ATTENTION_KERNELS[self.impl](qkv, self.scale)  # (B, T, h, D_h)
         else:
@@ -171,21 +183,38 @@ class DropPath(nn.Module):
         return x * keep / (1 - self.p)
 
 
+class LayerScale(nn.Module):
+    """CaiT's LayerScale (Touvron et al. 2021): a residual branch multiplied by diag(gamma), learned per channel and
+    started small, so each block begins close to the identity."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """One encoder layer: pre-norm MSA and pre-norm MLP, each with a residual connection (Eq. 2-3)."""
+    """One encoder layer: pre-norm MSA and pre-norm MLP, each with a residual connection (Eq. 2-3); with
+    ``layer_scale``, each branch is scaled by its LayerScale ``ls1`` / ``ls2`` before it is added."""
 
     def __init__(self, c: ViTConfig, drop_path: float) -> None:
         super().__init__()
+        scale = (lambda: LayerScale(c.embed_dim, c.layer_scale)) if c.layer_scale else nn.Identity
         self.norm1 = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
-        self.attn = Attention(c.embed_dim, c.num_heads, c.qkv_bias, c.attn_drop_rate, c.proj_drop_rate)
+        self.attn = Attention(c.embed_dim, c.num_heads, c.qkv_bias, c.attn_drop_rate, c.proj_drop_rate, c.qk_norm,
+                              c.layer_norm_eps)
+        self.ls1 = scale()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
         self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.proj_drop_rate)
+        self.ls2 = scale()
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x)))  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
         return x
 
 
@@ -232,10 +261,15 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         c = self.config = config
-        self.num_prefix_tokens = c.num_prefix_tokens
+        self.num_prefix_tokens = c.num_prefix_tokens  # class, distillation and register tokens
+        self.num_readout_tokens = c.num_readout_tokens  # of those, the ones the head reads
         self.patch_embed = PatchEmbed(c)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.pool == "cls" else None
-        num_tokens = self.num_prefix_tokens + self.patch_embed.num_patches
+        if c.dist_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
+        if c.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim))
+        num_tokens = c.pos_prefix_tokens + self.patch_embed.num_patches
         if c.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, c.embed_dim))
         elif c.pos_embed == "sincos2d":
@@ -250,10 +284,17 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if c.fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        if c.dist_token:
+            self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
-        return sincos_2d_pos_embed(grid, self.config.embed_dim, self.num_prefix_tokens)
+        return sincos_2d_pos_embed(grid, self.config.embed_dim, self.config.pos_prefix_tokens)
+
+    def prefix_tokens(self) -> list[torch.Tensor]:
+        """The learned tokens before the patches, in order: class, distillation, registers (each (1, n, D))."""
+        return [t for t in (self.cls_token, getattr(self, "dist_token", None), getattr(self, "reg_token", None))
+                if t is not None]
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -261,7 +302,7 @@ class VisionTransformer(nn.Module):
         class token (truncated at 2 sigma), the patch embedding initialised as the linear layer it is."""
         for name, m in self.named_modules():
             if isinstance(m, nn.Linear):
-                if name == "head":
+                if name in HEADS:
                     nn.init.zeros_(m.weight)
                 else:
                     nn.init.xavier_uniform_(m.weight)
@@ -270,13 +311,16 @@ class VisionTransformer(nn.Module):
         w = self.patch_embed.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # d c p q -> d (c p q): fan-in of the flattened patch
         nn.init.zeros_(self.patch_embed.proj.bias)
-        for p in (self.pos_embed, self.cls_token):
+        for p in (self.pos_embed, self.cls_token, getattr(self, "dist_token", None)):
             if isinstance(p, nn.Parameter):
                 nn.init.trunc_normal_(p, std=0.02, a=-0.04, b=0.04)
+        if hasattr(self, "reg_token"):
+            nn.init.normal_(self.reg_token, std=1e-6)  # as timm and DINOv2 start them
         if self.attn_pool is not None:
             nn.init.xavier_uniform_(self.attn_pool.latent.view(1, -1))  # as big_vision's probe
+
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
 
     def _check_input(self, x: torch.Tensor) -> tuple[int, int]:
         if x.ndim != 4 or x.shape[1] != self.patch_embed.in_chans:
@@ -290,16 +334,20 @@ class VisionTransformer(nn.Module):
             return self.pos_embed
         if self.config.pos_embed == "sincos2d":
             return self._sincos(grid).to(self.pos_embed)
-        return resample_pos_embed(self.pos_embed, grid, self.num_prefix_tokens, self.patch_embed.grid_size)
+        return resample_pos_embed(self.pos_embed, grid, self.config.pos_prefix_tokens, self.patch_embed.grid_size)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos."""
+        """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. With a distillation token and registers the
+        sequence is [x_class; x_dist; x_reg^1..R; patches]; with ``no_embed_class`` E_pos is added to the patches
+        before those tokens join."""
         grid = self._check_input(x)
         x = self.patch_embed(x)  # (B, N, D)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()]
         pos = self._pos_embed_for(grid)
-        if pos is not None:
+        if pos is not None and self.config.no_embed_class:
+            x = x + pos
+        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D)
+        if pos is not None and not self.config.no_embed_class:
             x = x + pos
         return self.pos_drop(x)
 
@@ -309,7 +357,11 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP, or their attention
-        pooling for MAP) into the head."""
+        pooling for MAP) into the head. DeiT's distilled model reads the distillation token's state with its own
+        head and averages the two heads' logits, as its authors evaluate it."""
+        if hasattr(self, "head_dist"):
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            return (x + x_dist) / 2 if pre_logits else (self.head(x) + self.head_dist(x_dist)) / 2
         if self.config.pool == "cls":
             x = x[:, 0]
         elif self.attn_pool is not None:
@@ -348,4 +400,4 @@ def flops_per_image(c: ViTConfig) -> float:
     n, t, d = gh * gw, gh * gw + c.num_prefix_tokens, c.embed_dim
     patch = n * d * c.in_chans * math.prod(to_2tuple(c.patch_size))
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * int(d * c.mlp_ratio)
-    return 2.0 * (patch + c.depth * per_block + d * c.num_classes)
+    return 2.0 * (patch + c.depth * per_block + d * c.num_classes * (1 + c.dist_token))

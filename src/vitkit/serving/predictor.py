@@ -160,7 +160,8 @@ class Predictor:
         probs = torch.softmax(logits.float(), -1)
         top = probs.topk(min(topk, probs.shape[-1]))
         grid = self.model.patch_embed.grid_for(tuple(x.shape[-2:]))
-        rollout = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid).numpy()
+        rollout = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid,
+                                          readout=self.model.num_readout_tokens).numpy()
         for j, (i, image, ask) in enumerate(images):
             target = int(probs[j].argmax()) if ask.target is None else ask.target
             heat = (rollout[j] if ask.method == "rollout"

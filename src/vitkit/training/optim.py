@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import torch
 
+from ..model.vit import HEADS
 from .config import TrainConfig
 
 
@@ -17,7 +18,7 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip
-        head = name.startswith("head.")
+        head = name.split(".")[0] in HEADS
         g = groups.setdefault((no_decay, head), {
             "params": [], "weight_decay": 0.0 if no_decay else cfg.weight_decay,
             "lr_scale": 1.0 if head else cfg.body_lr_scale})
@@ -29,7 +30,7 @@ def freeze_body(model: torch.nn.Module) -> int:
     """Train the head alone (the paper's linear evaluation of pretrained features): every other parameter is frozen.
     Returns how many parameters still train."""
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith("head."))
+        p.requires_grad_(name.split(".")[0] in HEADS)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
