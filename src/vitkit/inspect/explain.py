@@ -140,7 +140,7 @@ def _attentions_and_grads(model, x: torch.Tensor, target):  # type: ignore[no-un
 
 
 def _map_probe_attention(model, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """A MAP head's attention from its probe to the tokens, averaged over heads: (B, T)."""
+    """A MAP head's attention from its probe to the patch tokens, averaged over heads: (B, N)."""
     pool = model.attn_pool
     seen: list[torch.Tensor] = []
     hook = pool.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
@@ -197,7 +197,7 @@ def _explain_batch(model, x: torch.Tensor, target, method: str, grid: tuple[int,
         with torch.no_grad():
             if method == "attention-last" and model.attn_pool is not None:
                 logits, probe = _map_probe_attention(model, x)
-                patch = probe[:, model.num_prefix_tokens:]
+                patch = probe  # the probe attends over the patch tokens alone
             else:
                 with record_attention(model) as attns:
                     logits = model(x)

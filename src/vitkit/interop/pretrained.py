@@ -10,7 +10,7 @@ from ..model.config import PRESETS
 from ..model.registry import create_model as create_preset
 from ..model.vit import VisionTransformer
 from .download import download_url, hub_file
-from .load import load
+from .load import detect_format, load
 from .registry import PRETRAINED, Pretrained, get_pretrained
 
 LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
@@ -71,14 +71,19 @@ def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
             f"{k} {theirs!r} where {arch} has {ours!r}" for k, (ours, theirs) in diff.items()))
 
 
+def with_arch_facts(arch: str, fmt: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` plus what a timm file's shapes cannot say (heads, whether the position table has rows for the
+    prefix tokens, LayerScale's starting value) as the named architecture has it; other formats say it themselves."""
+    if fmt != "timm":
+        return overrides
+    p = PRESETS[arch]
+    return {"num_heads": p.num_heads, "layer_scale": p.layer_scale, "no_embed_class": p.no_embed_class, **overrides}
+
+
 def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progress: bool = True,
                           **overrides: Any) -> VisionTransformer:
     path = fetch(entry, revision, progress)
-    if entry.fmt == "timm":  # what timm's weights cannot say, as the architecture has it
-        preset = PRESETS[entry.arch]
-        overrides = {"num_heads": preset.num_heads, "layer_scale": preset.layer_scale,
-                     "no_embed_class": preset.no_embed_class, **overrides}
-    model = load(path, entry.fmt, **overrides)
+    model = load(path, entry.fmt, **with_arch_facts(entry.arch, entry.fmt, overrides))
     check_arch(model, entry.arch, entry.source)
     return with_preprocessing(model, entry, source=entry.name,
                               class_names=class_names(entry.labels, model.config.num_classes))
@@ -103,8 +108,8 @@ def create_model(name: str, pretrained: bool | str = False, revision: str | None
     into torch.hub's cache; weights are safetensors, npz or ``weights_only`` loads, never pickles."""
     if isinstance(pretrained, str):
         path, fmt = resolve(pretrained, revision, progress)
-        model = load(path, fmt, **overrides)
         arch = name if name in PRESETS else get_pretrained(name).arch
+        model = load(path, fmt, **with_arch_facts(arch, fmt or detect_format(path), overrides))
         check_arch(model, arch, pretrained)
         return model
     if pretrained:

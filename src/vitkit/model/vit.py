@@ -365,7 +365,7 @@ class VisionTransformer(nn.Module):
         if self.config.pool == "cls":
             x = x[:, 0]
         elif self.attn_pool is not None:
-            x = self.attn_pool(x)
+            x = self.attn_pool(x[:, self.num_prefix_tokens:])  # the probe attends over the patches (as timm's)
         else:
             x = x[:, self.num_prefix_tokens:].mean(dim=1)
         x = self.head_drop(self.fc_norm(x))
