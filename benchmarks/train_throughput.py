@@ -18,7 +18,7 @@ import torch
 from vitkit.bench.timing import interleaved_throughput
 from vitkit.bench.training import plain_loop_steps, vitkit_train_steps
 from vitkit.data.datasets import load_dataset
-from vitkit.interop.timm import timm_kwargs
+from vitkit.interop.timm import timm_model
 from vitkit.training.build import build_model
 from vitkit.training.config import TrainConfig, read_recipe
 from vitkit.training.plan import make_plan
@@ -59,9 +59,7 @@ for key in args.models:
             if impl == "timm model" and model.config.hybrid:
                 continue  # timm has no such stem (vitkit bench compares with timm on the recipe's ViT without it)
             if impl == "timm model":
-                from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-                model = TimmViT(**timm_kwargs(model.config))
+                model = timm_model(model.config)
             names.append(f"{name} [{impl}]")
             runs.append(plain_loop_steps(model, data, cfg.batch_size, args.steps, precision, pil=pil))
     rates = interleaved_throughput(runs, args.steps * cfg.batch_size, warmup=0, repeats=args.repeats)

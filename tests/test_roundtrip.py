@@ -1,5 +1,6 @@
 """Every format vitkit writes, for models that differ from what a reader would guess (4 heads at width 64, GAP with
-fc_norm, a MAP head, a CNN stem, a non-square input, a sin-cos position embedding): read back by vitkit *and* by the
+fc_norm, a MAP head, a CNN stem, a non-square input, a sin-cos position embedding, registers with LayerScale, DeiT's
+distilled model with q/k norm): read back by vitkit *and* by the
 format's own reader (timm, transformers, onnxruntime, and for the official layout a Flax model with the official
 code's module structure, tests/flax_reference.py) with the logits compared, or refused by name when the format
 cannot hold the model. int8 ONNX files are run by onnxruntime and read back with their config."""
@@ -10,7 +11,7 @@ import torch
 
 import vitkit
 from vitkit.cli.main import main
-from vitkit.interop.timm import timm_kwargs
+from vitkit.interop.timm import timm_model
 
 MODELS = {
     "heads4": dict(embed_dim=64, num_heads=4),  # a width-64 model's heads cannot be read off its weights
@@ -19,11 +20,15 @@ MODELS = {
     "hybrid": dict(embed_dim=64, num_heads=4, hybrid="conv:8,8", patch_size=2, img_size=16),
     "non-square": dict(embed_dim=64, num_heads=4, img_size=(32, 48)),
     "sincos": dict(embed_dim=64, num_heads=4, pos_embed="sincos2d"),
+    # after the paper: registers + LayerScale + a patch-only position table (DINOv2's), and DeiT's distilled model
+    "reg-layerscale": dict(embed_dim=64, num_heads=4, reg_tokens=4, layer_scale=1e-5, no_embed_class=True),
+    "distilled-qknorm": dict(embed_dim=64, num_heads=4, dist_token=True, qk_norm=True),
 }
 FORMATS = ("safetensors", "timm", "hf", "jax", "onnx", "int8")
 # what a format cannot hold: refused by name at export, never written wrong
 CANNOT = {("timm", "hybrid"), ("timm", "sincos"), ("hf", "gap-fcnorm"), ("hf", "map"), ("hf", "hybrid"),
-          ("hf", "sincos"), ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos")}
+          ("hf", "sincos"), ("jax", "gap-fcnorm"), ("jax", "hybrid"), ("jax", "sincos"),
+          ("hf", "reg-layerscale"), ("hf", "distilled-qknorm"), ("jax", "reg-layerscale"), ("jax", "distilled-qknorm")}
 
 
 # where the format has no reader of its own to compare with: vitkit's own files, and official files that only
@@ -53,7 +58,7 @@ def _reference(fmt: str, out, m) -> torch.Tensor | None:
         timm = pytest.importorskip("timm")
         from safetensors.torch import load_file
 
-        ref = timm.models.vision_transformer.VisionTransformer(**timm_kwargs(m.config)).eval()
+        ref = timm_model(m.config).eval()
         ref.load_state_dict(load_file(str(out)))  # strict: every key of timm's model, nothing else
         with torch.no_grad():
             return ref(x)
@@ -102,8 +107,9 @@ def test_every_format_round_trips_or_is_refused_by_name(tmp_path, capsys, name):
     with torch.no_grad():
         want = m(x)
     for fmt in FORMATS:
-        if fmt in ("onnx", "int8") and name not in ("heads4", "non-square", "hybrid", "map"):
-            continue  # ONNX exports take seconds each: one plain, one non-square, one hybrid, one MAP head
+        if fmt in ("onnx", "int8") and name not in ("heads4", "non-square", "hybrid", "map", "reg-layerscale",
+                                                    "distilled-qknorm"):
+            continue  # ONNX exports take seconds each: the models the others differ from most
         suffix = {"timm": "safetensors", "jax": "npz", "int8": "onnx"}.get(fmt, fmt)
         out = tmp_path / f"out-{fmt}.{suffix}" if fmt != "hf" else tmp_path / "out-hf"
         capsys.readouterr()

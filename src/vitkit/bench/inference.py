@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..interop.hf import to_hf
-from ..interop.timm import timm_kwargs, to_timm
+from ..interop.timm import timm_model, to_timm
 from ..interop.torchvision import to_torchvision
 from ..model.config import to_2tuple
 from ..model.registry import create_model
@@ -27,11 +27,9 @@ from .timing import interleaved_throughput
 
 def _peer_timm(model: VisionTransformer) -> torch.nn.Module | None:
     try:
-        from timm.models.vision_transformer import VisionTransformer as TimmViT  # optional: the dev extra
-    except ImportError:
+        ref = timm_model(model.config)
+    except ImportError:  # timm is optional: the dev extra
         return None
-
-    ref = TimmViT(**timm_kwargs(model.config))
     ref.load_state_dict(to_timm(model))
     return ref
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def _train_rows(steps: int) -> list[dict]:
     from ..bench.timing import interleaved_throughput
     from ..bench.training import plain_loop_steps, vitkit_train_steps
     from ..data.datasets import load_dataset
-    from ..interop.timm import timm_kwargs
+    from ..interop.timm import timm_model
     from ..model.vit import flops_per_image
     from ..training.build import build_model
     from ..training.config import TrainConfig, read_recipe
@@ -177,13 +178,11 @@ def _train_rows(steps: int) -> list[dict]:
     runs = [("vitkit", f"trainer ({precision}, planned)", precision, vitkit_train_steps(cfg, data, part, the_plan))]
     loops = [("plain loop (fp32)", "fp32", False), ("plain loop (bf16)", "bf16", False),
              ("tutorial loop (PIL, fp32)", "fp32", True)]
-    try:
-        from timm.models.vision_transformer import VisionTransformer as TimmViT
-    except ImportError:
+    if importlib.util.find_spec("timm") is None:
         loops = []  # the trainer's row alone
     for mode, loop_precision, pil in loops:
         torch.manual_seed(0)
-        ref = TimmViT(**timm_kwargs(model.config))
+        ref = timm_model(model.config)
         runs.append(("timm", mode, loop_precision,
                      plain_loop_steps(ref, data, cfg.batch_size, part, loop_precision, pil=pil)))
     rates = interleaved_throughput([run for *_, run in runs], part * cfg.batch_size, warmup=0, repeats=3)

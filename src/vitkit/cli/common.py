@@ -46,6 +46,9 @@ MODEL_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--in-chans": ("in_chans", int, "image channels"),
     "--hybrid": ("hybrid", str, "CNN stem for the paper's hybrid model, e.g. resnetv2:3,4,9 or resnet18:1 "
                                 "(with --patch-size 1)"),
+    "--reg-tokens": ("reg_tokens", int, "register tokens (Darcet et al. 2024; docs: After the paper)"),
+    "--layer-scale": ("layer_scale", float, "LayerScale with this starting gain, e.g. 1e-5 (CaiT, DeiT III)"),
+    "--qk-norm": ("qk_norm", bool, "LayerNorm on each head's queries and keys (ViT-22B)"),
     "--drop-path": ("drop_path_rate", float, "stochastic depth rate"),
     "--drop": ("drop_rate", float, "dropout before the head"),
 }
@@ -74,7 +77,8 @@ def add_model_flags(p: argparse.ArgumentParser, with_model: bool = True) -> None
     if with_model:
         g.add_argument("--model", default=argparse.SUPPRESS, help="preset name (vitkit.list_models())")
     for flag, (key, typ, help_) in MODEL_FLAGS.items():
-        kind = {"action": typ} if typ is ImageSize else {"type": typ}
+        kind = ({"action": typ} if typ is ImageSize else {"action": "store_const", "const": True} if typ is bool
+                else {"type": typ})
         g.add_argument(flag, dest=f"model__{key}", default=argparse.SUPPRESS, help=help_, **kind)
 
 

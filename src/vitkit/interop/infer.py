@@ -118,10 +118,11 @@ def _table_has_no_prefix_rows(rows: int, prefix: int, img_size: Any, patch: tupl
     if img_size is not None:
         return rows == patch_count(img_size, patch, stride)
     if _square(rows):
+        other = "in a square grid" if _square(rows - prefix) else "not a square grid,"
         raise ValueError(f"{source}: the position table's {rows} rows are either a square grid of {rows} patches "
                          f"without rows for the {prefix} prefix token(s) (timm's no_embed_class: DeiT III, DINOv2) or "
-                         f"{rows - prefix} patches{' in a square grid' if _square(rows - prefix) else ', not a square grid,'}"
-                         " with them; pass the image size: `--img-size H W` (Python: img_size=(H, W))")
+                         f"{rows - prefix} patches, {other} with them; pass the image size: `--img-size H W` "
+                         "(Python: img_size=(H, W))")
     return False
 
 

@@ -35,8 +35,8 @@ def timm_config(model: Any) -> dict[str, Any]:
     known["img_size"] = tuple(model.patch_embed.img_size)
     known["no_embed_class"] = bool(getattr(model, "no_embed_class", False))
     if getattr(model, "distilled_training", False):
-        raise ValueError("a timm distilled model set to distilled_training returns two outputs while training; vitkit's "
-                         "returns their average, as timm's does otherwise: call set_distilled_training(False)")
+        raise ValueError("a timm distilled model set to distilled_training returns two outputs while training; "
+                         "vitkit's returns their average, as timm's does otherwise: call set_distilled_training(False)")
     known["layer_norm_eps"] = getattr(model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm,
                                       "eps", 1e-6)
     return known
