@@ -121,7 +121,7 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: [class][distillation][registers...]."""
+        """Tokens before the patches: the class token, the distillation token, the registers (where present)."""
         return int(self.pool == "cls") + int(self.dist_token) + self.reg_tokens
 
     @property
