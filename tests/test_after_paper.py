@@ -133,6 +133,11 @@ def test_a_bare_timm_file_is_read_where_its_table_says_which_layout_it_is(tmp_pa
     got = vitkit.load(tmp_path / "dino.safetensors", img_size=518).config
     assert (got.img_size, got.reg_tokens, got.no_embed_class, got.num_classes) == (518, 4, True, 0)
     assert vitkit.load(tmp_path / "dino.safetensors", no_embed_class=True).config.img_size == 518
+    # a timm Hub folder names its architecture in config.json: that settles it
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(d, str(tmp_path / "dino-folder"), safe_serialization=True)
+    assert vitkit.load(tmp_path / "dino-folder").config.no_embed_class
 
 
 def _hub_cache(tmp_path: Path, names: list[str]) -> Path:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..model.config import PRESETS
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.serialization import check_preprocessing
 from ..model.vit import VisionTransformer
@@ -49,6 +50,22 @@ def detect_format(src: str | Path) -> str:
 FACTS = ("num_heads", "pos_embed", "layer_norm_eps", "pool", "layer_scale", "no_embed_class")
 
 
+def arch_facts(arch: str) -> dict[str, Any]:
+    """What a timm file's shapes cannot say (heads, LayerScale's starting value, whether the position table has rows
+    for the prefix tokens), as the named vitkit/timm architecture has it."""
+    p = PRESETS[arch]
+    return {"num_heads": p.num_heads, "layer_scale": p.layer_scale, "no_embed_class": p.no_embed_class}
+
+
+def _timm_folder_facts(d: Path) -> dict[str, Any]:
+    """A timm Hub folder's config.json names its architecture: that architecture's facts, where vitkit has it."""
+    try:
+        arch = json.loads((d / CONFIG_NAME).read_text()).get("architecture")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return arch_facts(arch) if isinstance(arch, str) and arch in PRESETS else {}
+
+
 def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
     facts = {k: overrides.pop(k) for k in FACTS if k in overrides}
     if "img_size" in overrides and "img_size" not in said and not table_is_square(
@@ -78,6 +95,8 @@ def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTra
         return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides))
     if fmt == "timm":
         f = weights_in(p) if p.is_dir() else p
+        if p.is_dir():
+            overrides = {**_timm_folder_facts(p), **overrides}
         sd = timm_to_vitkit(load_state_file(f), str(p))
         said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
         model = _build(sd, str(p), said, dict(overrides))

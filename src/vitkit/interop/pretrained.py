@@ -10,7 +10,7 @@ from ..model.config import PRESETS
 from ..model.registry import create_model as create_preset
 from ..model.vit import VisionTransformer
 from .download import download_url, hub_file
-from .load import detect_format, load
+from .load import arch_facts, detect_format, load
 from .registry import PRETRAINED, Pretrained, get_pretrained
 
 LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
@@ -72,12 +72,8 @@ def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
 
 
 def with_arch_facts(arch: str, fmt: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` plus what a timm file's shapes cannot say (heads, whether the position table has rows for the
-    prefix tokens, LayerScale's starting value) as the named architecture has it; other formats say it themselves."""
-    if fmt != "timm":
-        return overrides
-    p = PRESETS[arch]
-    return {"num_heads": p.num_heads, "layer_scale": p.layer_scale, "no_embed_class": p.no_embed_class, **overrides}
+    """``overrides`` plus, for a timm file, what its shapes cannot say, from the named architecture."""
+    return {**arch_facts(arch), **overrides} if fmt == "timm" else overrides
 
 
 def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progress: bool = True,
