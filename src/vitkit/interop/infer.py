@@ -108,6 +108,11 @@ def _square(n: int) -> bool:
     return n >= 0 and math.isqrt(n) ** 2 == n
 
 
+def _both_readings_fit(rows: int, prefix: int) -> bool:
+    """A table of ``rows`` that is a square grid without prefix rows could also be a (non-)square one with them."""
+    return prefix > 0 and _square(rows)
+
+
 def _table_has_no_prefix_rows(rows: int, prefix: int, img_size: Any, patch: tuple[int, int], stride: int,
                               source: str) -> bool:
     """Whether the position table covers the patches alone (timm's ``no_embed_class``: DeiT III, DINOv2) rather than
@@ -117,7 +122,7 @@ def _table_has_no_prefix_rows(rows: int, prefix: int, img_size: Any, patch: tupl
         return False
     if img_size is not None:
         return rows == patch_count(img_size, patch, stride)
-    if _square(rows):
+    if _both_readings_fit(rows, prefix):
         other = "in a square grid" if _square(rows - prefix) else "not a square grid,"
         raise ValueError(f"{source}: the position table's {rows} rows are either a square grid of {rows} patches "
                          f"without rows for the {prefix} prefix token(s) (timm's no_embed_class: DeiT III, DINOv2) or "
@@ -132,6 +137,6 @@ def table_is_square(sd: dict[str, torch.Tensor], no_embed_class: bool | None = N
         return False
     prefix = sum(sd[k].shape[1] for k in ("cls_token", "dist_token", "reg_token") if k in sd)
     rows = sd["pos_embed"].shape[1]
-    if no_embed_class is not None:
-        return _square(rows - (0 if no_embed_class else prefix))
-    return _square(rows - prefix) and (not prefix or not _square(rows))
+    if no_embed_class is None and _both_readings_fit(rows, prefix):
+        return False  # the image size decides which reading it is
+    return _square(rows - (0 if no_embed_class else prefix))

@@ -50,20 +50,22 @@ def detect_format(src: str | Path) -> str:
 FACTS = ("num_heads", "pos_embed", "layer_norm_eps", "pool", "layer_scale", "no_embed_class")
 
 
-def arch_facts(arch: str) -> dict[str, Any]:
+def arch_facts(arch: str | None) -> dict[str, Any]:
     """What a timm file's shapes cannot say (heads, LayerScale's starting value, whether the position table has rows
-    for the prefix tokens), as the named vitkit/timm architecture has it."""
+    for the prefix tokens), as the named vitkit/timm architecture has it ({} for a name vitkit does not have)."""
+    if arch not in PRESETS:
+        return {}
     p = PRESETS[arch]
     return {"num_heads": p.num_heads, "layer_scale": p.layer_scale, "no_embed_class": p.no_embed_class}
 
 
-def _timm_folder_facts(d: Path) -> dict[str, Any]:
-    """A timm Hub folder's config.json names its architecture: that architecture's facts, where vitkit has it."""
+def _timm_folder_architecture(d: Path) -> str | None:
+    """The architecture a timm Hub folder's config.json names, if it names one."""
     try:
         arch = json.loads((d / CONFIG_NAME).read_text()).get("architecture")
     except (OSError, ValueError, AttributeError):
-        return {}
-    return arch_facts(arch) if isinstance(arch, str) and arch in PRESETS else {}
+        return None
+    return arch if isinstance(arch, str) else None
 
 
 def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
@@ -75,12 +77,14 @@ def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dic
     return build_adapted(infer_config(sd, source, **{**said, **facts}), sd, source, **overrides)
 
 
-def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTransformer:
+def load(src: str | Path, fmt: str | None = None, architecture: str | None = None,
+         **overrides: Any) -> VisionTransformer:
     """The one way to load weights: a vitkit folder, a timm or Hugging Face folder or file, or an official JAX
     ``.npz`` (``fmt`` or detected). ``img_size`` / ``num_classes`` overrides adapt them (§3.2: resampled position
     embeddings, a new zero head), or give the size a file cannot tell (a non-square or absent position table);
-    ``num_heads`` / ``pos_embed`` / ``layer_norm_eps`` state what the weights cannot show. ``vitkit train --init``
-    and every ``--checkpoint`` go through here."""
+    ``num_heads`` / ``pos_embed`` / ``layer_norm_eps`` state what the weights cannot show. ``architecture`` (a
+    preset name, as a registry entry or a timm Hub folder's config.json gives it) states those for a timm file.
+    ``vitkit train --init`` and every ``--checkpoint`` go through here."""
     p = Path(src)
     fmt = fmt or detect_format(p)
     if fmt == "vitkit":
@@ -95,8 +99,9 @@ def load(src: str | Path, fmt: str | None = None, **overrides: Any) -> VisionTra
         return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides))
     if fmt == "timm":
         f = weights_in(p) if p.is_dir() else p
-        if p.is_dir():
-            overrides = {**_timm_folder_facts(p), **overrides}
+        if architecture is None and p.is_dir():
+            architecture = _timm_folder_architecture(p)
+        overrides = {**arch_facts(architecture), **overrides}
         sd = timm_to_vitkit(load_state_file(f), str(p))
         said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
         model = _build(sd, str(p), said, dict(overrides))

@@ -10,7 +10,7 @@ from ..model.config import PRESETS
 from ..model.registry import create_model as create_preset
 from ..model.vit import VisionTransformer
 from .download import download_url, hub_file
-from .load import arch_facts, detect_format, load
+from .load import load
 from .registry import PRETRAINED, Pretrained, get_pretrained
 
 LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
@@ -71,15 +71,10 @@ def check_arch(model: VisionTransformer, arch: str, source: str) -> None:
             f"{k} {theirs!r} where {arch} has {ours!r}" for k, (ours, theirs) in diff.items()))
 
 
-def with_arch_facts(arch: str, fmt: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` plus, for a timm file, what its shapes cannot say, from the named architecture."""
-    return {**arch_facts(arch), **overrides} if fmt == "timm" else overrides
-
-
 def load_pretrained_entry(entry: Pretrained, revision: str | None = None, progress: bool = True,
                           **overrides: Any) -> VisionTransformer:
     path = fetch(entry, revision, progress)
-    model = load(path, entry.fmt, **with_arch_facts(entry.arch, entry.fmt, overrides))
+    model = load(path, entry.fmt, architecture=entry.arch, **overrides)
     check_arch(model, entry.arch, entry.source)
     return with_preprocessing(model, entry, source=entry.name,
                               class_names=class_names(entry.labels, model.config.num_classes))
@@ -105,7 +100,7 @@ def create_model(name: str, pretrained: bool | str = False, revision: str | None
     if isinstance(pretrained, str):
         path, fmt = resolve(pretrained, revision, progress)
         arch = name if name in PRESETS else get_pretrained(name).arch
-        model = load(path, fmt, **with_arch_facts(arch, fmt or detect_format(path), overrides))
+        model = load(path, fmt, architecture=arch, **overrides)
         check_arch(model, arch, pretrained)
         return model
     if pretrained:

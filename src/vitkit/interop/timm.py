@@ -12,10 +12,11 @@ from ..model.vit import VisionTransformer
 from .infer import infer_config
 
 # Weights of timm models outside the VisionTransformer family vitkit holds, by a key only they have.
+EVA = "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases"
 UNSUPPORTED = {
     "norm_pre.": "a LayerNorm before the encoder (CLIP-style towers, timm's pre_norm=True)",
-    ".gamma_1": "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases",
-    ".attn.q_bias": "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases",
+    ".gamma_1": EVA,
+    ".attn.q_bias": EVA,
     ".mlp.fc1_g.": "a SwiGLU MLP (EVA-02, SigLIP 2 So400m variants)",
     ".attn.norm.": "a norm inside attention before its projection (timm's scale_norm)",
 }
