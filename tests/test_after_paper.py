@@ -140,6 +140,16 @@ def test_a_bare_timm_file_is_read_where_its_table_says_which_layout_it_is(tmp_pa
     assert vitkit.load(tmp_path / "dino-folder").config.no_embed_class
 
 
+def test_a_table_too_short_for_its_prefix_tokens_is_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    m = vitkit.VisionTransformer(vitkit.ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2))
+    sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+    save_file({**sd, "reg_token": torch.zeros(1, 1000, 64)}, str(tmp_path / "h.safetensors"))
+    with pytest.raises(ValueError, match=r"pos_embed has 17 rows, too few for the 1001 class/distillation/register"):
+        vitkit.load(tmp_path / "h.safetensors", num_heads=2)
+
+
 def _hub_cache(tmp_path: Path, names: list[str]) -> Path:
     from timm.models._hub import save_for_hf
 

@@ -86,6 +86,9 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
                                                  stride, source)
         cfg["no_embed_class"] = no_embed
         n = sd["pos_embed"].shape[1] - (0 if no_embed else prefix)
+        if n < 1:
+            raise ValueError(f"{source}: pos_embed has {sd['pos_embed'].shape[1]} rows, too few for the {prefix} "
+                             "class/distillation/register tokens and at least one patch")
         side = math.isqrt(n)
         if "img_size" in known:
             if (cells := patch_count(known["img_size"], (ph, pw), stride)) != n:
