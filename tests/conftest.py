@@ -46,7 +46,6 @@ LONG_FIRST = ("test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
               "test_tutorial_runs_and_shows_what_it_prints[look-inside]",
               "test_finetune_recipe_end_to_end_on_ants_bees",
               "test_fine_tune_and_linear_probe_from_dinov2_features",
-              "test_the_kernel_source_compiles_against_this_torch",
               "test_tutorial_runs_and_shows_what_it_prints[why-did-it-say-that]",
               "test_tutorial_runs_and_shows_what_it_prints[why-vits-need-data]")
 

@@ -286,3 +286,33 @@ def test_broken_npz_files_are_refused_by_name(tmp_path):
             read_npz(tmp_path / name)
     with pytest.raises(ValueError, match="obj.npz: holds object .pickled. arrays; vitkit never unpickles"):
         read_npz(tmp_path / "obj.npz")
+
+
+def test_timm_and_hugging_face_files_given_a_size_with_a_square_patch_count_keep_that_size(tmp_path):
+    """A 32x128 model with patch 8 (4x16 = 64 = 8² patches) saved by timm and by transformers, as bare weight files
+    that do not say their size: loaded with img_size=(32, 128) it is that model, not an 8x8 reading resampled to
+    4x16 (issue 48 item 4). The libraries' own logits are the reference."""
+    from safetensors.torch import save_file
+
+    x = torch.randn(2, 3, 32, 128, generator=torch.Generator().manual_seed(3))
+    ref = _timm("vit_tiny_patch16_224", img_size=(32, 128), patch_size=8, depth=2, num_classes=4)
+    with torch.no_grad():
+        ref.pos_embed.normal_(0, 1)
+        ref.head.weight.normal_(0, 0.1)
+        want = ref(x)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "timm.safetensors"))
+    ours = load(tmp_path / "timm.safetensors", img_size=(32, 128)).eval()
+    assert ours.config.img_size == (32, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), want, atol=1e-5, rtol=1e-5)
+
+    hf = _hf(64, 2, 4, 8, size=(32, 128), classes=3)
+    with torch.no_grad():
+        hf.vit.embeddings.position_embeddings.normal_(0, 1)
+        hf.classifier.weight.normal_(0, 0.1)
+        want = hf(pixel_values=x).logits
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(tmp_path / "hf.safetensors"))
+    ours = load(tmp_path / "hf.safetensors", img_size=(32, 128), num_heads=4).eval()
+    assert ours.config.img_size == (32, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), want, atol=1e-5, rtol=1e-5)

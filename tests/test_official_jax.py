@@ -216,3 +216,58 @@ def test_a_naflex_dense_patch_embedding_is_refused_by_key_not_a_traceback(tmp_pa
     assert main(["import", "--from", "jax", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "NaFlex" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("layout", ["vision_transformer", "big_vision gap"])
+def test_a_given_size_whose_patch_count_is_square_is_the_tables_not_a_resample(tmp_path, layout):
+    """32x128 with patch 8 is a 4x16 grid, 64 = 8² patches: the size given is the table's, not a target to resample
+    an 8x8 reading to (the logits were off by 0.31 / 0.14, issue 48 item 4). Flax's logits are the reference."""
+    from vitkit.cli.main import main
+
+    module = vt() if layout == "vision_transformer" else bv(pool_type="gap")
+    params, x, want = init(module, hw=(32, 128))
+    path = save(tmp_path, ref.flatten(params))
+    for model in (vitkit.load(path, img_size=(32, 128)), vitkit.interop.from_jax_npz(path, img_size=(32, 128))):
+        assert model.config.img_size == (32, 128)
+        np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+    assert main(["import", str(path), "--out", str(tmp_path / "o"), "--img-size", "32", "128"]) == 0
+    np.testing.assert_allclose(logits(vitkit.from_pretrained(tmp_path / "o"), x), want, atol=TOL, rtol=TOL)
+    # a size with another patch count is still §3.2's new size: the square reading, resampled
+    model = vitkit.load(path, img_size=(96, 96))
+    assert model.config.img_size in (96, (96, 96)) and model.pos_embed.shape[1] == 144 + (layout != "big_vision gap")
+
+
+def test_a_file_without_its_size_is_read_square_and_the_import_says_what_it_assumed(tmp_path, capsys):
+    """A 4x16 table without a size is read as 8x8 (no reader can tell): `vitkit import` prints the size and pooling
+    it assumed, so that a user can see it (issue 48 item 5)."""
+    from vitkit.cli.main import main
+
+    params, _, _ = init(bv(pool_type="gap"), hw=(32, 128))
+    path = save(tmp_path, ref.flatten(params))
+    assert main(["import", str(path), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "image size 64x64 (assumed" in out and "--img-size H W" in out
+    assert "pooling gap (assumed" in out and "pool_type='0'" in out
+
+
+def test_a_non_square_jax_export_keeps_its_size(tmp_path):
+    """vitkit's official-layout export of a 32x128 model writes its H x W beside the flat table; read back it is the
+    same model, and read with H and W swapped it is resampled from the written size, never reinterpreted."""
+    from vitkit.interop.jax import IMG_SIZE_KEY, to_jax_npz
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=(32, 128), patch_size=8, depth=1,
+                                num_classes=3).eval()
+    with torch.no_grad():
+        model.pos_embed.normal_(0, 1)
+        model.head.weight.normal_(0, 0.1)
+    to_jax_npz(model, tmp_path / "m.npz")
+    assert read_npz(tmp_path / "m.npz")[IMG_SIZE_KEY].tolist() == [32, 128]
+    back = vitkit.load(tmp_path / "m.npz")
+    assert back.config.img_size == (32, 128)
+    x = torch.randn(2, 3, 32, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(x), model(x), atol=1e-5, rtol=1e-5)
+    swapped = vitkit.load(tmp_path / "m.npz", img_size=(128, 32))
+    assert swapped.config.img_size == (128, 32)
+    torch.testing.assert_close(swapped.pos_embed.detach(),
+                               vitkit.resample_pos_embed(model.pos_embed.detach(), (16, 4), old_grid=(4, 16)))

@@ -243,6 +243,41 @@ def test_the_bias_after_the_matmul_gives_the_same_logits_and_is_chosen_only_when
         assert "<- chosen" in fast.calibration.table().splitlines()[-1 if faster == "split" else -2]
 
 
+def test_bf16_split_bias_compiled_and_registered_attention_as_an_amx_cpu_would_choose(monkeypatch):
+    """What an AMX CPU's timing picks (bf16 weights, the bias after the matmul) forced on any CPU: compiling it, and
+    a registered attention kernel on it, crashed with "'SplitBiasLinear' object has no attribute 'in_features'"
+    (issue 48, items 1 and 7). Checked against the fp32 model, as close as bf16 SDPA is."""
+    from vitkit.model import vit as vit_mod
+    from vitkit.runtime import inference
+
+    model = vitkit.create_model("vit_small_patch16_224", img_size=32, depth=1, num_classes=10).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.02)
+        ref = model(x := torch.randn(3, 3, 32, 32))
+
+    def fake_time(what, candidates, make, **kw):  # bf16 + sdpa fastest, then split faster than addmm
+        return Calibration(what, [Timing(c, 0.01 if c.get("bias") == "split" or
+                                         (c["dtype"], c["attention"]) == ("bf16", "sdpa") and "bias" not in c
+                                         else 0.02, 3) for c in candidates])
+    monkeypatch.setattr(cal_mod, "time_candidates", fake_time)
+    fast = inference.optimize_for_inference(model, compile=True, batch_size=3)
+    assert fast.calibration.best.settings == {"dtype": "bf16", "attention": "sdpa", "bias": "split"}
+    qkv = fast.model.blocks[0].attn.qkv
+    assert isinstance(qkv, inference.SplitBiasLinear) and (qkv.in_features, qkv.out_features) == (384, 1152)
+    eager = inference.optimize_for_inference(model, dtype=torch.bfloat16)
+    out = fast(x)
+    assert out.dtype == torch.float32
+    assert (out - ref).abs().max() <= 2 * (eager(x) - ref).abs().max() + 1e-3
+
+    def exact_kernel(qkv, scale):  # (B, T, 3, h, d) -> (B, T, h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return (torch.softmax(q @ k.transpose(-2, -1) * scale, -1) @ v).transpose(1, 2)
+    monkeypatch.setitem(vit_mod.ATTENTION_KERNELS, "test_exact", exact_kernel)
+    monkeypatch.setitem(vit_mod._TAKES_HEAD_SIZE, "test_exact", lambda d: d % 16 == 0)
+    assert vit_mod.set_attention(fast.model, "test_exact") == 1  # head size 64, read with the bias split
+    torch.testing.assert_close(fast.model(x.bfloat16()).float(), eager(x), atol=0.05, rtol=0.05)
+
+
 def _measure(speeds, peaks_gib):
     """An injected GPU: images per second and peak memory by batch; a batch not listed runs out of memory."""
     def measure(batch):

@@ -148,9 +148,8 @@ def bench_inference(name: str, batch: int, dtype: str, peers: tuple[str, ...] = 
                                       compile=compiled, batch_size=batch)
         if fast.compile_note:
             log(f"  {fast.compile_note}")
-        kernel = any(getattr(m, "impl", None) == "cpu_kernel" for m in fast.modules())  # vitkit's AMX attention kernel
         add("vitkit", "optimized" + (f" ({fast.precision})" if dtype == "auto" else "")
-            + ("+compile" if compiled else "") + ("+kernel" if kernel else ""), lambda fast=fast: fast(x),
+            + ("+compile" if compiled else ""), lambda fast=fast: fast(x),
             fast.precision)
     model = model.cpu()  # the peers are converted from the CPU copy, then moved
     if int8 and not cuda and dtype in ("fp32", "auto") and (q := _onnx(model, int8=True)) is not None:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         model = _probe(cfg, data, _device(cfg)).model
         batch = min(args._inference_batch, CALIBRATION_BATCH)  # as optimize_for_inference times it (and memory bounded)
         dtype, cal = choose_inference_dtype(model, batch, refresh=not args._keep_cache)
-        print(f" {cal.what}{' (cached)' if cal.cached else ''}:\n{cal.table()}")
+        print(f"{cal.heading}\n{cal.table()}")
     print(f"cache: {cache_file()}")
     return 0
 

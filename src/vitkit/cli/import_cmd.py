@@ -48,5 +48,7 @@ def run(args: argparse.Namespace) -> int:
         with_preprocessing(model, entry, source=entry.name,
                            class_names=class_names(entry.labels, model.config.num_classes))
     model.save_pretrained(out)  # carries the source's preprocessing when it had one
+    for note in getattr(model, "assumed", {}).values():
+        print(f"read as: {note}")
     print(f"wrote {out}: {model.config.to_dict()}")
     return 0

@@ -79,3 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # bad input: a message naming it, never a traceback
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (planning, decoding, calibrate, ...)
+        print(f"\nvitkit {args.command}: interrupted (nothing half-written: files and caches are written whole "
+              "or not at all)", file=sys.stderr)
+        return 130

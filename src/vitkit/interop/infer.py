@@ -134,12 +134,19 @@ def _table_has_no_prefix_rows(rows: int, prefix: int, img_size: Any, patch: tupl
     return False
 
 
-def table_is_square(sd: dict[str, torch.Tensor], no_embed_class: bool | None = None) -> bool:
-    """Whether the state dict's learned position table fixes the image size (a square grid) by itself."""
+def size_is_the_tables(sd: dict[str, torch.Tensor], img_size: Any, known: dict[str, Any]) -> bool:
+    """Whether ``img_size``, given for a file that does not write its size, is the size of its position table (a
+    fact about the weights: a 2x8 grid at 32x128 has 16 rows, as a 4x4 one does, and only the user can say which)
+    rather than a new size to resample it to (§3.2, fine-tuning at another resolution): it is the table's size
+    whenever it makes as many patches as the table has rows (with or without the prefix tokens' rows, as
+    ``no_embed_class`` says where known). Without a table (sin-cos, none), the size is always a fact."""
     if "pos_embed" not in sd:
-        return False
+        return True
+    hybrid = known.get("hybrid", resnetv2_spec(sd))
+    stride = hybrid_stride(hybrid) if hybrid else 1
+    cells = patch_count(img_size, tuple(sd["patch_embed.proj.weight"].shape[2:]), stride)  # type: ignore[arg-type]
     prefix = sum(sd[k].shape[1] for k in ("cls_token", "dist_token", "reg_token") if k in sd)
-    rows = sd["pos_embed"].shape[1]
-    if no_embed_class is None and _both_readings_fit(rows, prefix):
-        return False  # the image size decides which reading it is
-    return _square(rows - (0 if no_embed_class else prefix))
+    rows, no_embed = sd["pos_embed"].shape[1], known.get("no_embed_class")
+    if no_embed is None:  # either reading; the size decides it
+        return cells in (rows, rows - prefix)
+    return cells == (rows if no_embed else rows - prefix)

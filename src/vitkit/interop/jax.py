@@ -31,11 +31,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..model.config import ViTConfig, hybrid_stride, resnetv2_layers
-from ..model.hub import build_adapted
+from ..model.config import ViTConfig, hybrid_stride, resnetv2_layers, to_2tuple
 from ..model.vit import VisionTransformer
 from .contract import KeyLedger
-from .infer import infer_config, patch_count
+from .infer import patch_count
+
+# An extra array vitkit writes beside the official keys for a non-square model (the released loaders read the keys
+# they know and leave others): the image size (H, W) the flat position table was laid out for.
+IMG_SIZE_KEY = "vitkit/img_size"
+
 
 SUPPORTED = ("vision_transformer (original, AugReg, Linen; R+ViT hybrids) and big_vision ViTs (learn/sincos2d "
              "position embeddings; tok/gap/map pooling; scanned or not)")
@@ -222,6 +226,8 @@ def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any =
         out = _to_torch(get(f"{a}out/kernel", idx), "copy")
         sd[ours + "proj.weight"] = out.flatten(0, 1).T.contiguous()  # (h e) d -> d (h e)
     said: dict[str, Any] = {"num_heads": heads} if heads else {}
+    if IMG_SIZE_KEY in w:  # vitkit's export of a non-square model: the table's H x W, which its rows cannot say
+        said["img_size"] = _written_img_size(get(IMG_SIZE_KEY), source)
     if hybrid is not None:
         said["hybrid"] = "resnetv2:" + ",".join(map(str, hybrid))
     pos_keys = [k for k in (p + "Transformer/posembed_input/pos_embedding", p + "pos_embedding") if k in w]
@@ -244,12 +250,22 @@ def _with_class_row(pos: torch.Tensor, big_vision: bool, pool: str, sd: dict[str
     if pool != "cls" or not big_vision:
         return pos
     rows = pos.shape[1]
-    if img_size is not None:
-        stride = hybrid_stride(said["hybrid"]) if "hybrid" in said else 1
-        has_row = rows == patch_count(img_size, sd["patch_embed.proj.weight"].shape[2:], stride) + 1
-    else:  # a combined class+grid table, as a vision_transformer file carried over into big_vision's layout
+    stride = hybrid_stride(said["hybrid"]) if "hybrid" in said else 1
+    size = said.get("img_size", img_size)  # the table's own size (written by vitkit, or given and fitting it)
+    cells = patch_count(size, sd["patch_embed.proj.weight"].shape[2:], stride) if size is not None else None
+    if cells in (rows, rows - 1):
+        has_row = rows == cells + 1
+    else:  # no size, or a new one to resample to: a combined class+grid table (a vision_transformer file carried
+        # over into big_vision's layout) is the one whose rows are a square grid only with the class row off
         has_row = math.isqrt(rows) ** 2 != rows and math.isqrt(rows - 1) ** 2 == rows - 1
     return pos if has_row else torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)
+
+
+def _written_img_size(a: np.ndarray, source: str) -> tuple[int, int]:
+    if a.shape != (2,) or a.dtype.kind not in "iu" or (a <= 0).any():
+        raise ValueError(f"{source}: {IMG_SIZE_KEY!r} is {a.dtype} of shape {a.shape}; expected two positive "
+                         "integers (H, W)")
+    return int(a[0]), int(a[1])
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:
@@ -274,9 +290,9 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
 def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
     """A vitkit model from an official ``.npz``; the config is read off the weights (``known`` adds what they cannot
     say: a non-square ``img_size``, or ``img_size`` for a sin-cos model, whose file has no table to size)."""
-    sd, said = jax_to_vitkit(read_npz(path), str(path), known.get("img_size"))
-    cfg = infer_config(sd, str(path), **{**said, **known})
-    return build_adapted(cfg, sd, str(path))
+    from .load import load  # one rule for what a given size means, shared with every other format
+
+    return load(path, "jax", **known)
 
 
 def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
@@ -306,4 +322,7 @@ def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
         w[f"{a}out/kernel"] = _to_numpy(sd[ours + "proj.weight"].T.reshape(H, D // H, D), "copy")
     if "pos_embed" in sd:
         w["Transformer/posembed_input/pos_embedding"] = _to_numpy(sd["pos_embed"], "copy")
+        height, width = to_2tuple(c.img_size)
+        if height != width:  # the flat table cannot say H x W: written beside it
+            w[IMG_SIZE_KEY] = np.array([height, width], np.int64)
     np.savez(path, **w)

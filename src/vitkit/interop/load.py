@@ -5,13 +5,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..model.config import PRESETS
+from ..model.config import PRESETS, to_2tuple
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.serialization import check_preprocessing
 from ..model.vit import VisionTransformer
 from .files import load_state_file, weights_in, written_config, written_preprocessing
 from .hf import from_hf, hf_to_vitkit
-from .infer import infer_config, table_is_square
+from .infer import infer_config, size_is_the_tables
 from .jax import jax_to_vitkit, read_npz
 from .timm import timm_to_vitkit
 
@@ -68,13 +68,33 @@ def _timm_folder_architecture(d: Path) -> str | None:
     return arch if isinstance(arch, str) else None
 
 
-def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any]) -> VisionTransformer:
+def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dict[str, Any],
+           fmt: str) -> VisionTransformer:
     facts = {k: overrides.pop(k) for k in FACTS if k in overrides}
-    if "img_size" in overrides and "img_size" not in said and not table_is_square(
-            sd, facts.get("no_embed_class", said.get("no_embed_class"))):
-        # no square table and no written size: the size is a fact, not a change
+    if "img_size" in overrides and "img_size" not in said and size_is_the_tables(
+            sd, overrides["img_size"], {**said, **facts}):
+        # a file that does not write its size, given one that fits its table: the table's size, never a target to
+        # resample it to (a 2x8 grid read as 4x4 and resampled to 2x8 was silently wrong)
         facts["img_size"] = overrides.pop("img_size")
-    return build_adapted(infer_config(sd, source, **{**said, **facts}), sd, source, **overrides)
+    cfg = infer_config(sd, source, **{**said, **facts})
+    model = build_adapted(cfg, sd, source, **overrides)
+    model.assumed = _assumptions(cfg, fmt, {**said, **facts})
+    return model
+
+
+def _assumptions(cfg: Any, fmt: str, stated: dict[str, Any]) -> dict[str, str]:
+    """What was read off the weights' shapes by a rule that no reader can check (docs: guide/weights.md, "What a
+    file cannot say"), for ``vitkit import`` and ``train --init`` to print."""
+    out = {}
+    if "img_size" not in stated and cfg.pos_embed == "learn":
+        h, w = to_2tuple(cfg.img_size)
+        out["img_size"] = (f"image size {h}x{w} (assumed: the position table's rows make a square grid of "
+                           f"{cfg.grid_size[0]}x{cfg.grid_size[1]} patches; a file of this kind cannot say its grid's "
+                           "shape, so a non-square model with as many patches needs --img-size H W)")
+    if fmt == "jax" and cfg.pool == "gap" and "pool" not in stated:
+        out["pool"] = ("pooling gap (assumed: big_vision's pool_type='0', the first token without a class token, "
+                       "has exactly a GAP model's keys, and vitkit does not read it)")
+    return out
 
 
 def load(src: str | Path, fmt: str | None = None, architecture: str | None = None,
@@ -91,12 +111,13 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
         return from_pretrained(p, **overrides)
     if fmt == "jax":
         sd, said = jax_to_vitkit(read_npz(p), str(p), overrides.get("img_size"))
-        return _build(sd, str(p), said, dict(overrides))
+        return _build(sd, str(p), said, dict(overrides), fmt)
     if fmt == "hf":
         if p.is_dir():
             model = from_hf(p)
             return build_adapted(model.config, model.state_dict(), str(p), **overrides)
-        return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides))
+        return _build(hf_to_vitkit(load_state_file(p), str(p)), str(p), {"layer_norm_eps": 1e-12}, dict(overrides),
+                      fmt)
     if fmt == "timm":
         f = weights_in(p) if p.is_dir() else p
         if architecture is None and p.is_dir():
@@ -104,7 +125,7 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
         overrides = {**arch_facts(architecture), **overrides}
         sd = timm_to_vitkit(load_state_file(f), str(p))
         said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
-        model = _build(sd, str(p), said, dict(overrides))
+        model = _build(sd, str(p), said, dict(overrides), fmt)
         if pre := written_preprocessing(f):  # ... and how its inputs were prepared
             if len(pre.get("class_names") or []) != model.config.num_classes:
                 pre.pop("class_names", None)  # a new head (num_classes override): the old names do not apply

@@ -31,7 +31,7 @@ from .serialization import save_pretrained
 HEADS = ("head", "head_dist")
 
 # Attention implementations besides the two below, by name: (qkv (B, T, 3, h, D_h), scale) -> (B, T, h, D_h), for
-# inference only, with the head sizes D_h each takes. vitkit.runtime registers its CPU kernel here as "cpu_kernel".
+# inference only, with the head sizes D_h each takes (vitkit ships none: a hook for users' own kernels).
 ATTENTION_KERNELS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {}
 _TAKES_HEAD_SIZE: dict[str, Callable[[int], bool]] = {}
 
@@ -54,7 +54,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float,
                  qk_norm: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.scale = (dim // num_heads) ** -0.5  # 1/sqrt(D_h), applied *before* the softmax
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         if qk_norm:  # ViT-22B (Dehghani et al. 2023): q and k LayerNorm-ed per head, keeping the logits bounded
@@ -92,7 +92,7 @@ def set_attention(model: nn.Module, impl: str) -> int:
         raise ValueError(f"attention implementation {impl!r} is not available here; expected one of {known}")
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     if impl in ATTENTION_KERNELS:
-        attns = [m for m in attns if _TAKES_HEAD_SIZE[impl](m.qkv.in_features // m.num_heads)]
+        attns = [m for m in attns if _TAKES_HEAD_SIZE[impl](m.head_dim)]
     for m in attns:
         m.impl = impl
     return len(attns)
@@ -381,7 +381,7 @@ class VisionTransformer(nn.Module):
         return logits, attns
 
     def set_attention(self, impl: str) -> "VisionTransformer":
-        """``"sdpa"`` (the default), ``"exact"`` or a registered kernel such as ``"cpu_kernel"``: see Attention."""
+        """``"sdpa"`` (the default), ``"exact"`` or a registered kernel (``register_attention``): see Attention."""
         set_attention(self, impl)
         return self
 

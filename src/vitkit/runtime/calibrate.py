@@ -24,13 +24,19 @@ from typing import Any, Callable
 
 import torch
 
+from ..model.serialization import atomic_write
 from .cpu import cpuinfo
-from .threads import usable_cores
+from .threads import OtherLoad, usable_cores
 
 CUT = 1.5  # a candidate this much slower than the best after one timed call is dropped
 ROUNDS = 4  # timed calls per candidate at most (round-robin)
 BUDGET_S = 2.5  # ...or fewer, once this many seconds of timed calls have passed (two rounds at least)
 CACHE_VERSION = 1
+TIMING_KEYS = {"settings", "seconds", "calls", "note"}
+
+
+class NothingRuns(ValueError):
+    """No candidate of a calibration could run here (each one's reason in the message)."""
 
 
 @dataclass
@@ -65,7 +71,8 @@ class Calibration:
             return next(t for t in self.timings if t.settings == self.chosen)
         timed = [t for t in self.timings if t.seconds is not None]
         if not timed:
-            raise RuntimeError(f"calibration of {self.what}: no candidate could be timed")
+            raise NothingRuns(f"calibration of {self.what}: no candidate could run here ("
+                              + "; ".join(f"{t.name}: {t.note or 'not timed'}" for t in self.timings) + ")")
         return min(timed, key=lambda t: t.seconds)  # type: ignore[arg-type, return-value]
 
     def then(self, later: "Calibration") -> "Calibration":
@@ -84,8 +91,37 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], cached: bool = True) -> "Calibration":
-        return cls(d["what"], [Timing(**t) for t in d["timings"]], cached, d.get("seconds_spent", 0.0),
-                   d.get("extra", {}), d.get("chosen"))
+        """A calibration from its stored form, checked like any input file: a ValueError naming what is wrong (a
+        cache edited by hand or by another version once gave ZeroDivisionError, TypeError or StopIteration)."""
+        if not isinstance(d, dict) or not isinstance(d.get("what"), str) or not isinstance(d.get("timings"), list):
+            raise ValueError("not a calibration: expected 'what' (text) and 'timings' (a list)")
+        timings = []
+        for t in d["timings"]:
+            if not isinstance(t, dict) or not isinstance(t.get("settings"), dict) or set(t) - TIMING_KEYS:
+                raise ValueError(f"a timing is not {{settings, seconds, calls, note}}: {str(t)[:80]}")
+            s, calls = t.get("seconds"), t.get("calls", 0)
+            if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < 1e6):
+                raise ValueError(f"timing {t['settings']}: seconds {s!r} is not a positive number")
+            if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0 or not isinstance(
+                    t.get("note", ""), str):
+                raise ValueError(f"timing {t['settings']}: calls {calls!r} / note {t.get('note')!r} malformed")
+            timings.append(Timing(**t))
+        chosen, extra = d.get("chosen"), d.get("extra", {})
+        if chosen is not None and chosen not in [t.settings for t in timings]:
+            raise ValueError(f"chosen {chosen!r} is none of the timed candidates")
+        if not isinstance(extra, dict):
+            raise ValueError(f"extra {extra!r} is not a mapping")
+        cal = cls(d["what"], timings, cached, float(d.get("seconds_spent", 0.0) or 0.0), extra, chosen)
+        cal.best  # noqa: B018 - raises where no candidate was timed
+        return cal
+
+    @property
+    def heading(self) -> str:
+        """`` training step (...) (cached):``, saying why it was not cached where others held the cores."""
+        busy = self.extra.get("other_load_cores")
+        why = (f" (other processes kept {busy:.1f} cores busy meanwhile: these timings are this run's only, not "
+               "cached)" if busy is not None else "")
+        return f" {self.what}{' (cached)' if self.cached else ''}{why}:"
 
     def table(self) -> str:
         """The candidates, fastest first: ``  bf16 sdpa      41.2 ms  1.00x  <- chosen``."""
@@ -121,7 +157,7 @@ def time_candidates(what: str, candidates: list[dict[str, Any]], make: Callable[
             t0 = clock()
             steps[i]()
             warm[i] = clock() - t0
-        except (RuntimeError, ValueError, NotImplementedError) as e:
+        except (RuntimeError, ValueError, NotImplementedError, MemoryError) as e:  # out of memory included
             steps.pop(i, None)
             t.note = f"cannot run here: {' '.join(str(e).split())[:80]}"
             continue
@@ -131,21 +167,31 @@ def time_candidates(what: str, candidates: list[dict[str, Any]], make: Callable[
             t.note = f"cut at warm-up ({warm[i]:.2f} s vs {fastest_warm:.2f} s)"
     samples: dict[int, list[float]] = {i: [] for i in steps}
     t_timed = clock()
-    for r in range(rounds):
-        for i in list(steps):
-            t0 = clock()
-            steps[i]()
-            samples[i].append(clock() - t0)
-        best = min(min(s) for i, s in samples.items() if i in steps)
-        for i in list(steps):
-            if min(samples[i]) > cut * best:
-                steps.pop(i)
-                timings[i].note = f"cut after {len(samples[i])} call{'s' if len(samples[i]) > 1 else ''}"
-        if r >= 1 and clock() - t_timed > budget_s:
-            break
+    with OtherLoad() as load:
+        for r in range(rounds if steps else 0):
+            _timed_round(steps, samples, timings, clock, cut)
+            if r >= 1 and clock() - t_timed > budget_s:
+                break
     for i, s in samples.items():
         timings[i].seconds, timings[i].calls = statistics.median(s), len(s)
-    return Calibration(what, timings, seconds_spent=clock() - start)
+    cal = Calibration(what, timings, seconds_spent=clock() - start)
+    if load.contended(torch.get_num_threads()):
+        cal.extra["other_load_cores"] = round(load.cores, 2)  # type: ignore[arg-type]
+    return cal
+
+
+def _timed_round(steps: dict[int, Callable[[], Any]], samples: dict[int, list[float]], timings: list[Timing],
+                 clock: Callable[[], float], cut: float) -> None:
+    """One timed call of every candidate still in ``steps``; then the ones ``cut`` times slower than the best go."""
+    for i in list(steps):
+        t0 = clock()
+        steps[i]()
+        samples[i].append(clock() - t0)
+    best = min(min(samples[i]) for i in steps)
+    for i in list(steps):
+        if min(samples[i]) > cut * best:
+            steps.pop(i)
+            timings[i].note = f"cut after {len(samples[i])} call{'s' if len(samples[i]) > 1 else ''}"
 
 
 # ------------------------------------------------------------------------------------------ the machine and cache
@@ -187,10 +233,11 @@ def _read_cache() -> dict[str, Any]:
 
 
 def cached(device: torch.device, workload: dict[str, Any]) -> Calibration | None:
+    """The stored calibration of ``workload``, or None: none, or one that does not check out (timed again)."""
     entry = _read_cache().get(cache_key(device, workload))
     try:
         return Calibration.from_dict(entry) if entry else None
-    except (KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, NothingRuns):
         return None
 
 
@@ -203,9 +250,7 @@ def store(device: torch.device, workload: dict[str, Any], cal: Calibration) -> N
     path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(d, indent=1, default=str))
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(d, indent=1, default=str)))  # Ctrl-C: no half
     except OSError:
         pass
 
@@ -218,5 +263,7 @@ def calibrate(what: str, device: torch.device, workload: dict[str, Any], candida
         if hit is not None:
             return hit
     cal = time_candidates(what, candidates, make, **kw)
-    store(device, {**workload, "candidates": candidates}, cal)
+    cal.best  # noqa: B018 - NothingRuns, naming each candidate's reason, where none could run; nothing is stored
+    if "other_load_cores" not in cal.extra:  # timings taken while other processes held the cores are this run's
+        store(device, {**workload, "candidates": candidates}, cal)  # alone: the next run times again
     return cal

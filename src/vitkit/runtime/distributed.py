@@ -33,6 +33,10 @@ def distributed_device(device: str = "auto") -> torch.device:
     """The device this rank trains on: ``cuda:<local rank>`` where CUDA is used (``auto`` with a GPU, or ``cuda``),
     else the CPU (gloo). More ranks on this machine than GPUs is refused before any process group exists: NCCL
     fails with "invalid usage" when two ranks share a GPU."""
+    from .device import resolve_device
+
+    if device != "auto":
+        resolve_device(device)  # a device this machine lacks: one line naming what works
     use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if not use_cuda:
         return torch.device("cpu" if device == "auto" else device)

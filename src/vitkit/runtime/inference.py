@@ -8,8 +8,7 @@
 - How a linear layer adds its bias, timed on the chosen dtype and path: in the matmul (``addmm``, PyTorch's
   default) or after it, in place (``split``), with the same logits. In bf16 on a CPU oneDNN's ``addmm`` can be
   slower than the matmul alone (the measurement is in docs: Speed); a GPU's matmul adds the bias for free.
-- Optionally torch.compile with Inductor's max-autotune and freezing, and on CPUs with AMX vitkit's own attention
-  kernel (kernels/), 1.6x SDPA for the attention alone.
+- Optionally torch.compile with Inductor's max-autotune and freezing.
 """
 from __future__ import annotations
 
@@ -20,21 +19,10 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from ..model.vit import ATTENTION_KERNELS, register_attention, set_attention
-from . import kernels
+from ..model.vit import set_attention
 from .calibrate import Calibration, calibrate
 from .cpu import reports_bf16_unit
 from .precision import DTYPES, precision_of
-
-
-def use_cpu_attention_kernel(model: nn.Module) -> int:
-    """Set every Attention of ``model`` whose head size the AMX kernel takes (a multiple of 16) to ``"cpu_kernel"``,
-    if the kernel can be built and loaded here. Returns how many were set (0 where it cannot run)."""
-    if not kernels.load():
-        return 0
-    if "cpu_kernel" not in ATTENTION_KERNELS:
-        register_attention("cpu_kernel", kernels.vit_attention, kernels.takes_head_size)
-    return set_attention(model, "cpu_kernel")
 
 
 CALIBRATION_BATCH = 32
@@ -42,11 +30,13 @@ CALIBRATION_BATCH = 32
 
 class SplitBiasLinear(nn.Module):
     """A Linear for inference whose bias is added in place after the matmul instead of inside it (``addmm``); the
-    same parameters, under the same names."""
+    same parameters, under the same names, and the sizes a Linear reports (code that reads ``in_features`` keeps
+    working on a prepared model)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.matmul(x, self.weight.t()).add_(self.bias)
@@ -120,17 +110,12 @@ def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
 
 
 def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None | str = "auto",
-                           compile: bool | str = False, cpu_kernel: bool | None = None,
-                           batch_size: int = 8) -> "InferenceModel":
+                           compile: bool | str = False, batch_size: int = 8) -> "InferenceModel":
     """A copy of ``model`` in eval mode for the fastest inference on its device: weights in ``dtype`` (``"auto"``,
     the default: the fastest of fp32 and bf16, each with fused or exact attention, and the linear layers' bias in
     or after the matmul, timed here at ``batch_size`` and cached; None: fp32; or a torch dtype, with fused
     attention), and optionally torch.compile. Inputs may be fp32: they are cast on entry; logits come back in
     fp32. ``.calibration`` holds the timings when the dtype was chosen here.
-
-    ``cpu_kernel``: run attention with vitkit's AMX kernel where it applies (bf16 on a CPU with AMX, a C++ compiler
-    at hand); None (default) uses it when compiling, the mode that already pays a start-up cost (building the
-    kernel takes ~22 s once per machine).
 
     ``compile``: True compiles in the mode that pays on the device (``compile_mode``), or name a torch.compile mode.
     ``.compile_note`` says what the first call will cost, for a caller to print before making it."""
@@ -151,8 +136,6 @@ def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None | str = "
     set_attention(m, attention)
     if cal is not None and cal.best.settings.get("bias") == "split":
         split_bias(m)
-    if (compile if cpu_kernel is None else cpu_kernel) and dtype == torch.bfloat16 and device.type == "cpu":
-        use_cpu_attention_kernel(m)
     if not compile:
         return InferenceModel(m, dtype, calibration=cal)
     mode = compile if isinstance(compile, str) else compile_mode(device)

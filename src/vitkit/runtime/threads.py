@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -115,3 +116,48 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
 def threads_for_ranks(local_world: int) -> int:
     """Each of ``local_world`` processes on this machine gets its share of the cores (at least one)."""
     return max(1, usable_cores() // max(local_world, 1))
+
+
+class OtherLoad:
+    """How busy other processes kept this process's cores while a block ran, from /proc/stat's per-CPU counters
+    (steal time included: a hypervisor's other guests) less this process's own CPU time. ``cores`` is how many
+    cores' worth, on average, others used; None where /proc/stat cannot be read (not Linux)."""
+
+    def __init__(self) -> None:
+        self.cores: float | None = None
+
+    def __enter__(self) -> "OtherLoad":
+        self._start = (_busy_seconds(), _own_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy0, own0, t0 = self._start
+        busy1, wall = _busy_seconds(), time.perf_counter() - t0
+        if busy0 is not None and busy1 is not None and wall > 0:
+            self.cores = max(0.0, (busy1 - busy0) - (_own_seconds() - own0)) / wall
+
+    def contended(self, threads: int) -> bool:
+        """Whether others took cores this process's ``threads`` needed: more than the cores left over for them,
+        by a quarter of a core (the measurement's own noise: a shell, the kernel)."""
+        return self.cores is not None and self.cores > max(0, usable_cores() - threads) + 0.25
+
+
+def _busy_seconds() -> float | None:
+    """Seconds the usable cores spent on anything but idling (user, nice, system, irq, softirq, steal)."""
+    try:
+        cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        lines = Path("/proc/stat").read_text().splitlines()
+    except (AttributeError, OSError):
+        return None
+    ticks = 0
+    for line in lines:
+        name, *v = line.split()
+        if name in cpus and len(v) >= 8:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, v[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system

@@ -87,7 +87,7 @@ class Plan:
         out = [f"plan: {self.machine}, torch {torch.__version__}, {self.device} (planning {spent}; "
                "`vitkit calibrate` refreshes)"]
         for c in self.calibrations:
-            out.append(f" {c.what}{' (cached)' if c.cached else ''}:")
+            out.append(c.heading)
             out.append(c.table())
         out += [f" {n}" for n in self.notes]
         chosen = ", ".join(f"{k} {v}" for k, v in self.chosen.items())
@@ -178,12 +178,18 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
 
 
 def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any], run: str) -> None:
-    """A resume continues the run's own model: a --model, --init or model flag that differs would relabel the run
-    without changing its weights."""
-    changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
-               if k in users and users[k] != saved.get(k)]
+    """A resume continues the run's own model on its own data: a --model, --init, model flag or --data-dir that
+    differs would relabel the run without changing its weights (another folder's classes trained onto its head)."""
     def same(a: Any, b: Any) -> bool:
         return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+    def same_path(a: Any, b: Any) -> bool:  # data/ and ./data/ are one folder
+        return b is not None and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+    changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
+               if k in users and users[k] != saved.get(k)]
+    if users.get("data_dir") is not None and not same_path(users["data_dir"], saved.get("data_dir")):
+        changed.append(f"data_dir {saved.get('data_dir')!r} -> {users['data_dir']!r}")
 
     changed += [f"{k} {saved.get('model_args', {}).get(k)!r} -> {v!r}" for k, v in users_model.items()
                 if not same(v, saved.get("model_args", {}).get(k))]
@@ -323,9 +329,12 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
                         channels_last=cfg.channels_last)
         return cfg  # nothing to time
     probe = _probe(cfg, data, device)
+    cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
+    if measure_threads:  # first: every candidate below is timed at the thread count the run trains with (timed at
+        # two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)
+        p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device)[1])
     cal = None
     if cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume):
-        cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
         cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
                         step_workload(cfg, probe.model, probe.n, device), cands, probe.make, refresh=refresh)
         p.calibrations.append(cal)
@@ -340,8 +349,6 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
     cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
     cfg = _decide_batch(cfg, data, device, p)  # (the tier was taken at the recipe's batch: a larger one is faster)
-    if measure_threads:
-        p.notes.append(choose_threads(probe.make(chosen), None, "training step", device)[1])
     compile_on = cfg.compile
     if cfg.compile == "auto":
         compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)

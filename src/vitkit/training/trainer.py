@@ -6,6 +6,7 @@ loop itself, its checkpoints and its resumption.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..data.datasets import DataSplits
 from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
+from ..model.serialization import CONFIG_NAME
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
 from ..runtime.precision import autocast_for
@@ -128,6 +130,7 @@ class Trainer:
         ckpt = run_dir / "last"
         if not ckpt.is_dir():
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
+        _check_same_classes(ckpt, list(self.data.classes), run_dir)
         s = load_train_state(ckpt)
         load_state_dict_into(self.model, s["model"], str(ckpt / "train_state.pt"))
         if self.ema is not None and s["ema"] is not None:
@@ -263,10 +266,37 @@ class Trainer:
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
 
     def fit(self) -> RunResult:
-        cfg = self.cfg
-        self.runlog.open(cfg.to_dict(), self.plan)
+        self.runlog.open(self.cfg.to_dict(), self.plan)
         if self.is_main:
             self._announce()
+        try:
+            self._epochs()
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            self.runlog.close()
+            raise ValueError(self._what_did_not_fit()) from None
+        self.runlog.close()
+        return RunResult(self.last_top1, self.best_top1, self.epoch, self.step, self.elapsed(),
+                         self.stop_requested, self.out)
+
+    def _what_did_not_fit(self) -> str:
+        """One line for an out-of-memory error in training or evaluation: what did not fit and what to lower."""
+        cfg, c = self.cfg, self.model.config
+        h, w = to_2tuple(c.img_size)
+        free = ""
+        if self.device.type == "cuda":
+            free_b, total_b = torch.cuda.mem_get_info(self.device)
+            free = f"; {free_b / 2**30:.1f} of {total_b / 2**30:.1f} GiB free on {self.device}"
+        smaller = max(1, cfg.batch_size // 2)
+        return (f"out of memory training {cfg.init or cfg.model} ({self.model.num_params:,} parameters) at batch "
+                f"{cfg.batch_size} of {h}x{w} images in {self.precision} on {self.device} (evaluation batch "
+                f"{cfg.eval_batch_size}){free}. Lower --batch-size (to {smaller}; --grad-accum "
+                f"{2 * cfg.grad_accum} keeps the global batch) or --eval-batch-size, or train a smaller --img-size "
+                "or model" + ("; --precision bf16 halves the activations" if self.precision == "fp32" else ""))
+
+    def _epochs(self) -> None:
+        cfg = self.cfg
         while self.step < self.total_steps and not self.stop_requested:
             t0, step0 = time.time(), self.step
             train_loss, img_s = self.train_epoch()
@@ -289,9 +319,6 @@ class Trainer:
             if self.is_main:
                 self.log(f"stopped at epoch {self.epoch} batch {self.batch_in_epoch}; last/ saved "
                          f"(resume with --resume {self.out})" if self.out else "stopped")
-        self.runlog.close()
-        return RunResult(self.last_top1, self.best_top1, self.epoch, self.step, self.elapsed(),
-                         self.stop_requested, self.out)
 
     def _log_epoch(self, train_loss: float, img_s: float, metrics: dict[str, Any] | None) -> None:
         row = {"epoch": self.epoch, "step": self.step, "train_loss": round(train_loss, 5),
@@ -306,4 +333,27 @@ class Trainer:
         self.runlog.epoch(row)
         if self.is_main:
             self.log(f"{said} ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
+
+
+def _check_same_classes(ckpt: Path, classes: list[str], run_dir: Path) -> None:
+    """A resumed run trains on the classes its head was trained for: other class folders (another --data-dir)
+    would train on and rewrite the checkpoint's class names, with every label meaning another class."""
+    try:
+        saved = json.loads((ckpt / CONFIG_NAME).read_text()).get("preprocessing", {}).get("class_names")
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable config: load_train_state and the weights' own checks name what is wrong
+    if isinstance(saved, list) and saved and saved != classes:
+        diff = sorted(set(saved) ^ set(classes))
+        raise ValueError(f"--resume {run_dir}: the run trained on the classes {_short(saved)}, but this data has "
+                         f"{_short(classes)}" + (f" (differ: {_short(diff)})" if diff else " (in another order)")
+                         + ": resume with the run's own --data-dir, or start a new run (another --output)")
+
+
+def _short(names: list[str], n: int = 6) -> str:
+    return "[" + ", ".join(names[:n]) + (f", ... {len(names)} in all" if len(names) > n else "") + "]"
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A CUDA out-of-memory error, or the CPU allocator's ("DefaultCPUAllocator: can't allocate memory")."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
 
