@@ -19,6 +19,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 else:
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Two workers keep both cores busy: calibrations are cached all the same (test_round3.py tests the refusal)
+os.environ.setdefault("VITKIT_CACHE_UNDER_LOAD", "1")
 # vitkit's cache (decoded datasets, calibration timings) in a folder of this test session, not the user's
 if "VITKIT_CACHE_DIR" not in os.environ:
     os.environ["VITKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitkit-test-cache-")

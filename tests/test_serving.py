@@ -110,14 +110,17 @@ def test_api_explains_the_class_and_method_asked_for():
     c = _client()
     img = _png(Image.fromarray(digits_arrays()[0][3]).resize((64, 64)))
     first = c.post("/api/predict", files={"file": ("d.png", img, "image/png")}).json()
-    assert first["explained"]["method"] == "rollout" and first["explained"]["index"] == first["top"][0]["index"]
+    # rollout, the default, is class-agnostic: it says it explains no class (it once said "explained class 4")
+    assert first["explained"] == {"method": "rollout", "class_specific": False, "class": None, "index": None,
+                                  "prob": None}
     overlays = {}
     for method in ("rollout", "grad-rollout", "gradcam"):
         for target in ("digit 2", "7"):
             r = c.post(f"/api/predict?method={method}&target={target}", files={"file": ("d.png", img, "image/png")})
             assert r.status_code == 200, r.text
             ex = r.json()["explained"]
-            assert ex["method"] == method and ex["class"] == ("digit 2" if target == "digit 2" else "digit 7")
+            want = None if method == "rollout" else "digit 2" if target == "digit 2" else "digit 7"
+            assert ex["method"] == method and ex["class"] == want and ex["class_specific"] == (want is not None)
             overlays[method, target] = r.json()["overlay"]
     assert overlays["rollout", "digit 2"] == overlays["rollout", "7"]  # class-agnostic
     assert overlays["grad-rollout", "digit 2"] != overlays["grad-rollout", "7"]
@@ -182,7 +185,10 @@ def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
             assert page.locator("#top tr.chosen .label").inner_text() == second
             assert page.get_attribute("#overlay", "src") != src
             page.select_option("#method", "rollout")
-            page.wait_for_function("document.querySelector('#why').textContent.endsWith('rollout')")
+            page.wait_for_function("document.querySelector('#why').textContent.startsWith('rollout · the same map')")
+            assert page.locator("#top tr.chosen").count() == 0  # a class-agnostic map explains no row
+            page.select_option("#method", "gradcam")
+            page.wait_for_function("document.querySelector('#why').textContent.endsWith('gradcam')")
             assert page.inner_text("#why").startswith(f"{second} (")  # the class stays as chosen
             page.set_input_files("#file", str(tmp_path / "bomb.png"))
             page.wait_for_selector("#error:visible")

@@ -195,11 +195,13 @@ class _Clock:
 
 @pytest.mark.parametrize("slowdown", [False, True])
 def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path, monkeypatch, slowdown):
+    import vitkit.training.plan as plan_module
     import vitkit.training.trainer as trainer_module
     # 0.25 minutes: 11.85 s usable; digits at batch 64 is 23 steps an epoch, 0.1 s each: ~4 epochs fit, not 10,000.
     # The slowdown doubles the step time a third of the way in: the re-plans must still end the cosine by the budget.
     clock = _Clock(step_s=0.1, eval_s=0.3, slow_after=4.0 if slowdown else math.inf, slow_s=0.2)
     monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(plan_module, "time", clock)  # the planner counts the budget from the trainer's clock too
     t = Trainer(_cfg(epochs=10_000, time_limit=0.25, output=str(tmp_path), min_lr=1e-6), log=_quiet, progress=False)
     clock.install(monkeypatch, t)
     r = t.fit()

@@ -25,9 +25,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "extra); its logits differ a little, so the table gives its relative error")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time the torch.compile'd vitkit model (max-autotune + freezing, and for bf16 on an AMX "
-                        "CPU vitkit's attention kernel, built once in ~22 s; ~15-25 s to compile per model, batch "
-                        "and dtype); --no-compile to skip")
+                   help="also time the torch.compile'd vitkit model (max-autotune + freezing; ~15-25 s to compile "
+                        "per model, batch and dtype); --no-compile to skip")
     p.add_argument("--device", default="auto",
                    help="where the inference rows run: auto (the GPU where there is one), cpu, cuda, cuda:N; on a GPU "
                         "each row also reports the peak GPU memory (the training rows stay on the CPU)")

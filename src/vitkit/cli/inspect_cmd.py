@@ -111,6 +111,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+RESERVED = {"faithfulness"}  # explain's own outputs beside the figures
+
+
+def figure_names(files: list[Path]) -> list[str]:
+    """One figure name per image, all different: the file's stem; where stems repeat (a/cat.jpg, b/cat.jpg,
+    a/cat.png) or name explain's own outputs, the extension and then the parent folders are added, and last an
+    index. (By stem alone, three images made two figures, and one named faithfulness replaced the bar chart.)"""
+    def candidates(f: Path) -> list[str]:
+        ext = f.suffix.lstrip(".").lower()
+        parents = [p.name for p in f.resolve().parents if p.name][:2]
+        return [f.stem, f"{f.stem}-{ext}", *(f"{'-'.join(reversed(parents[:k]))}-{f.stem}-{ext}" for k in (1, 2))]
+
+    names: list[str] = []
+    for i, f in enumerate(files):
+        shared = sum(g.stem == f.stem for g in files) > 1  # then no image gets the bare stem
+        names.append(next((n for n in candidates(f)[shared:] if n not in names and n not in RESERVED),
+                          f"{f.stem}-{f.suffix.lstrip('.').lower()}-{i + 1}"))
+    return names
+
+
 def explain(args: argparse.Namespace) -> int:
     """One figure per image (the input, then each method's map over it), faithfulness.csv and its bar chart."""
     import csv
@@ -126,16 +146,24 @@ def explain(args: argparse.Namespace) -> int:
     if args.target is not None:
         resolve_target(class_names_of(model), args.target)  # an unknown class is said before any image is read
     pre = preprocessing_of(model)
-    if args.images:
-        files = image_files(args.images)
-        x = images_to_tensor(load_images(files, max_side=4096), pre, model.config)
-        names = [Path(f).stem for f in files]
-    else:
-        x, _ = _sample_images(args, model, pre, args.num_images or 8)
-        names = [f"val-{i}" for i in range(len(x))]
     out = Path(args.out)
     if out.suffix.lower() == ".png":
         raise ValueError(f"--out {out}: explain writes a folder (a figure per image and faithfulness.csv)")
+    if args.images:
+        files = image_files(args.images)
+        names = figure_names([Path(f) for f in files])
+    else:
+        files, names = [], [f"val-{i}" for i in range(args.num_images or 8)]
+    writes = [out / f"{n}.png" for n in names] + ([] if args.no_faithfulness else
+                                                  [out / "faithfulness.csv", out / "faithfulness.png"])
+    if there := [p.name for p in writes if p.exists()]:  # e.g. --out a run folder: its curves.png is the user's
+        raise FileExistsError(f"--out {out} already has {', '.join(there[:5])}{' ...' if len(there) > 5 else ''}, "
+                              "which this command would write: choose another --out (nothing was overwritten)")
+    if files:
+        x = images_to_tensor(load_images(files, max_side=4096), pre, model.config)
+    else:
+        x, _ = _sample_images(args, model, pre, len(names))
+        names = names[:len(x)]
     out.mkdir(parents=True, exist_ok=True)
     classes = class_names_of(model)
     results = {m: explain(model, x, args.target, m) for m in methods}

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.parse_args(argv)  # argparse's own message for what it did not recognise (exits 2)
     args._started = started
+    args._argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc-per-node` starts it again
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

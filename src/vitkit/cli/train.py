@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .common import add_data_flags, add_model_flags, model_overrides
+from .common import add_data_flags, add_model_flags, model_overrides, positive_int
 
 # flag -> TrainConfig field (type, help); every default is "not given" so layering works
 TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
@@ -79,6 +79,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="with --time-limit: keep the recipe's own settings whatever the budget buys (its tiers are "
                         "for budgets that buy few epochs)")
     g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
+    g.add_argument("--nproc-per-node", dest="_nproc_per_node", type=positive_int, default=None, metavar="N",
+                   help="train on N processes on this machine (DDP: one per GPU, or CPU processes with gloo), started "
+                        "here as `torchrun --standalone --nproc-per-node N -m vitkit train ...` would; checked "
+                        "before any process starts")
 
 
 def _auto_bool(text: str) -> bool | str:
@@ -117,6 +121,19 @@ def _default_output(args: argparse.Namespace, dataset: str | None = None) -> str
     return os.path.join("runs", f"{dataset}-{suffix}")
 
 
+def _without_nproc(argv: list[str]) -> list[str]:
+    """The command line less ``--nproc-per-node N`` (or ``=N``): what each started process runs."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            out.append(a)
+    return out
+
+
 def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
@@ -126,6 +143,11 @@ def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
         raise FileExistsError(f"{out} already holds a run; use --resume auto to continue it, or another --output "
                               "(nothing was overwritten)")
     theirs = [n for n in ("config.yaml", "plan.json", "curves.png") if (out / n).exists()]
+    if (out / "plan.json").is_file() and not any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
+        # plan.json is vitkit's alone: a run killed before its first checkpoint (kill -9, out of memory, a full disk)
+        print(f"{out} holds a run that stopped before its first checkpoint ({', '.join(theirs)}, no last/): "
+              "starting it over there", flush=True)
+        return
     if not cfg.resume and theirs:  # e.g. `--config exp1/config.yaml --output exp1`: the user's own file
         raise FileExistsError(f"{out} already has {', '.join(theirs)}, which a run writes: choose another --output "
                               "(nothing was overwritten)")
@@ -142,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
     from ..training.trainer import Trainer, TrainingDiverged
 
     distributed = launched_distributed()
+    if (nproc := getattr(args, "_nproc_per_node", None)) and nproc > 1 and not distributed:
+        from ..runtime.distributed import launch
+
+        return launch(nproc, _without_nproc(getattr(args, "_argv", None) or sys.argv[1:]),
+                      getattr(args, "device", None) or "auto")
     if distributed and not dist.is_initialized():
         try:
             init_distributed(getattr(args, "device", None) or "auto")
@@ -155,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
         if not getattr(args, "output", None):
             args.output = _default_output(args)
     if distributed and rank != 0:
-        dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
+        try:
+            dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
+        except RuntimeError:  # rank 0 stopped before it (bad flags, data it could not read): it said why
+            return 2
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
     cfg, data, recipe = resolve(sources(args), say, _progress())
     data = data or build_data(cfg)

@@ -287,14 +287,6 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise ValueError(f"{p}: not a readable .npz file (truncated, or not a zip of arrays: {e})") from None
 
 
-def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
-    """A vitkit model from an official ``.npz``; the config is read off the weights (``known`` adds what they cannot
-    say: a non-square ``img_size``, or ``img_size`` for a sin-cos model, whose file has no table to size)."""
-    from .load import load  # one rule for what a given size means, shared with every other format
-
-    return load(path, "jax", **known)
-
-
 def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
     """Write ``model`` in the layout of the released vision_transformer files (which that code, big_vision's
     loader and timm read), with big_vision's ``MAPHead_0`` for attention pooling."""

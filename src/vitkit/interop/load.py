@@ -132,3 +132,11 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
             model.preprocessing = check_preprocessing(pre, model.config, f"{f} metadata 'vitkit_preprocessing'")
         return model
     raise ValueError(f"unknown format {fmt!r}; expected vitkit, timm, hf or jax")
+
+
+def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
+    """A vitkit model from an official ``.npz``; the config is read off the weights (``known`` adds what they cannot
+    say: a non-square ``img_size``, or ``img_size`` for a sin-cos model, whose file has no table to size). The same
+    rule as ``load`` for what a given size means."""
+    return load(path, "jax", **known)
+

@@ -13,7 +13,12 @@ from .infer import infer_config
 
 # Weights of timm models outside the VisionTransformer family vitkit holds, by a key only they have.
 EVA = "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases"
-UNSUPPORTED = {
+UNSUPPORTED = {  # in this order: a family's own key first (BEiT has Eva's gamma_1 and q_bias too)
+    "layers.0.blocks.0.": "timm's SwinTransformer (Swin, Swin V2): windowed attention in stages joined by patch "
+                          "merging, not one sequence of tokens",
+    "relative_position_bias_table": "timm's Beit class (BEiT, BEiT v2, Data2Vec-vision): a relative position bias "
+                                    "in each block",
+    "rel_pos_bias.": "timm's Beit class (BEiT, BEiT v2): a relative position bias shared by the blocks",
     "norm_pre.": "a LayerNorm before the encoder (CLIP-style towers, timm's pre_norm=True)",
     ".gamma_1": EVA,
     ".attn.q_bias": EVA,

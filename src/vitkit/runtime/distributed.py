@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import sys
+import uuid
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .device import resolve_device
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -33,20 +38,47 @@ def distributed_device(device: str = "auto") -> torch.device:
     """The device this rank trains on: ``cuda:<local rank>`` where CUDA is used (``auto`` with a GPU, or ``cuda``),
     else the CPU (gloo). More ranks on this machine than GPUs is refused before any process group exists: NCCL
     fails with "invalid usage" when two ranks share a GPU."""
-    from .device import resolve_device
+    if not check_ranks_fit(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))), device):
+        return torch.device("cpu" if device == "auto" else device)
+    return torch.device("cuda", local_rank())
 
+
+def check_ranks_fit(per_node: int, device: str = "auto") -> bool:
+    """Whether ``per_node`` processes on this machine train on CUDA with ``device``; a ValueError naming what works
+    where they would not fit (more processes than GPUs), or where ``device`` is not here."""
     if device != "auto":
         resolve_device(device)  # a device this machine lacks: one line naming what works
-    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if not use_cuda:
-        return torch.device("cpu" if device == "auto" else device)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if not (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())):
+        return False
     gpus = torch.cuda.device_count()
     if per_node > gpus:
-        raise ValueError(f"torchrun started {per_node} processes on this machine but it has {gpus} GPU"
+        raise ValueError(f"{per_node} processes on this machine but it has {gpus} GPU"
                          f"{'' if gpus == 1 else 's'}: one process per GPU. Run with --nproc-per-node {max(gpus, 1)} "
                          "(at most the GPU count), or add --device cpu to train on CPU processes (gloo)")
-    return torch.device("cuda", local_rank())
+    return True
+
+
+def launch(nproc: int, argv: list[str], device: str = "auto") -> int:
+    """``vitkit train --nproc-per-node N``: start N processes of ``python -m vitkit ARGV`` on this machine, as
+    ``torchrun --standalone`` does (torch.distributed's elastic launcher, a free port on loopback), after checking
+    that they fit; returns the first failed process's exit code (0 when all succeed). Each process says its own
+    error in one line, so the launcher's report of the failure (a Python traceback) is not printed."""
+    # torch's elastic launcher, imported only by the command that starts processes (start-up time)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # start-up time
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # start-up time
+
+    check_ranks_fit(nproc, device)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"vitkit-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0)
+    quiet = logging.getLogger("torch.distributed.elastic")
+    level, quiet.level = quiet.level, logging.CRITICAL  # its INFO/WARNING/ERROR lines: the processes speak
+    try:
+        elastic_launch(config, sys.executable)("-m", "vitkit", *argv)
+    except ChildFailedError as e:
+        return next((f.exitcode for f in e.failures.values() if f.exitcode), 1)
+    finally:
+        quiet.level = level
+    return 0
 
 
 def init_distributed(device: str = "auto") -> torch.device:

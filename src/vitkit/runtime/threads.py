@@ -21,6 +21,7 @@ import torch
 TIE = 1.10  # more threads must be this much faster to be chosen: a near tie goes to the one that shares better
 BIG_STEP_S = 1.0  # a warm step this long on all cores is big: one step on one thread decides (not a full timing)
 HUGE_STEP_S = 4.0  # ... and one this long splits well for certain: all cores, nothing more timed
+MIN_LOAD_WINDOW_S = 0.3  # OtherLoad judges no shorter block: /proc/stat counts in 10 ms ticks per core
 
 
 def usable_cores() -> int:
@@ -133,13 +134,13 @@ class OtherLoad:
     def __exit__(self, *exc: object) -> None:
         busy0, own0, t0 = self._start
         busy1, wall = _busy_seconds(), time.perf_counter() - t0
-        if busy0 is not None and busy1 is not None and wall > 0:
+        if busy0 is not None and busy1 is not None and wall >= MIN_LOAD_WINDOW_S:  # counters tick every 10 ms
             self.cores = max(0.0, (busy1 - busy0) - (_own_seconds() - own0)) / wall
 
     def contended(self, threads: int) -> bool:
         """Whether others took cores this process's ``threads`` needed: more than the cores left over for them,
-        by a quarter of a core (the measurement's own noise: a shell, the kernel)."""
-        return self.cores is not None and self.cores > max(0, usable_cores() - threads) + 0.25
+        by half a core (the measurement's own noise, a shell, the kernel's work)."""
+        return self.cores is not None and self.cores > max(0, usable_cores() - threads) + 0.5
 
 
 def _busy_seconds() -> float | None:

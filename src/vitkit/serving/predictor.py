@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 
 from ..data.images import BadImageError, open_image
-from ..data.preprocess import images_to_tensor, model_view
+from ..data.preprocess import decode_side, images_to_tensor, model_view
 from ..inspect.analysis import rollout_from_attentions
-from ..inspect.explain import METHODS, explain, resolve_target
+from ..inspect.explain import CLASS_SPECIFIC, METHODS, explain, resolve_target
 from ..model.config import to_2tuple
 from ..runtime.inference import optimize_for_inference
 from ..runtime.threads import choose_threads, usable_cores
@@ -60,7 +60,10 @@ def available_methods() -> list[str]:
     return [m for m in METHODS if m != "gradcam" or importlib.util.find_spec("pytorch_grad_cam") is not None]
 
 
-def decode_upload(data: bytes, limits: Limits) -> Image.Image:
+def decode_upload(data: bytes, limits: Limits, max_side: int | None = None) -> Image.Image:
+    """The upload decoded, no larger than ``max_side`` on its longer side (``decode_side``: what the model needs, as
+    ``vitkit predict`` decodes the same file), or an UploadError saying what is wrong with it. Decoded whole, a
+    burst of 40-megapixel uploads held gigabytes that the process kept after answering."""
     if len(data) > limits.max_bytes:
         raise UploadError(f"file is {len(data) / 1e6:.1f} MB; the limit is {limits.max_bytes / 1e6:.0f} MB", 413)
     if not data:
@@ -77,7 +80,7 @@ def decode_upload(data: bytes, limits: Limits) -> Image.Image:
     if fmt not in ALLOWED_FORMATS:
         raise UploadError(f"{fmt} images are not accepted; upload PNG, JPEG, WebP, BMP or GIF")
     try:
-        return open_image(data, "upload", max_pixels=limits.max_pixels)
+        return open_image(data, "upload", max_pixels=limits.max_pixels, max_side=max_side)
     except BadImageError as e:
         raise UploadError(str(e).replace("cannot decode image upload: ", "")) from None
 
@@ -109,6 +112,7 @@ class Predictor:
         self.model = model.eval()
         self.fast = optimize_for_inference(model)
         self.pre = preprocessing
+        self.decode_side = decode_side(preprocessing, model.config)  # uploads decoded at what the model needs
         self.limits = limits or Limits()
         n = model.config.num_classes
         self.names = preprocessing.get("class_names") or [str(i) for i in range(n)]
@@ -149,7 +153,7 @@ class Predictor:
         for i, item in enumerate(uploads):
             data, ask = item if isinstance(item, tuple) else (item, Ask())
             try:
-                images.append((i, decode_upload(data, self.limits), ask))
+                images.append((i, decode_upload(data, self.limits, self.decode_side), ask))
                 out.append({})
             except UploadError as e:
                 out.append(e)
@@ -168,8 +172,12 @@ class Predictor:
                     else explain(self.model, x[j:j + 1], target, ask.method).maps[0])
             out[i] = {"top": [{"class": self.names[int(k)], "index": int(k), "prob": round(float(p), 5)}
                               for p, k in zip(top.values[j], top.indices[j])],
-                      "explained": {"method": ask.method, "class": self.names[target], "index": target,
-                                    "prob": round(float(probs[j, target]), 5)},
+                      # a class-agnostic map (rollout, attention-last) explains no class: it is the same for all
+                      "explained": {"method": ask.method, "class_specific": ask.method in CLASS_SPECIFIC,
+                                    **({"class": self.names[target], "index": target,
+                                        "prob": round(float(probs[j, target]), 5)}
+                                       if ask.method in CLASS_SPECIFIC else
+                                       {"class": None, "index": None, "prob": None})},
                       "overlay": "data:image/png;base64," + base64.b64encode(
                           overlay_png(model_view(image, self.pre, self.model.config), heat)).decode()}
         return out

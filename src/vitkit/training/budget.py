@@ -8,12 +8,30 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+PROBE_STEP = 30  # the first plan is made at this step of the first epoch (from the steps since step 5)
+
 
 def usable_seconds(minutes: float) -> float:
     """The seconds of a ``minutes`` budget the schedule may fill. The margin holds the last epoch running slower than
     planned, the final save and curves.png (≈1.5 s): 5-minute Fashion-MNIST runs ended 294.1-297.3 s after the
     process started."""
     return minutes * 60 * 0.99 - 3
+
+
+def check_budget(minutes: float, spent_s: float, step_s: float, batch: int, n_train: int, n_val: int) -> None:
+    """Refuse a ``--time-limit`` shorter than the shortest run it could plan: what planning took, the steps the
+    budget is fitted from (steps 5 to 30 of the first epoch: the schedule is set there) and one evaluation. A
+    budget of 0.05 minutes was once planned as "~-0.4 epochs" and ran a full epoch, 29 times over. ``step_s`` 0:
+    no step was timed, and planning alone must fit."""
+    first = min(PROBE_STEP, max(1, n_train // batch)) + 1
+    eval_s = n_val * step_s / (3 * batch)  # an evaluation image costs about a third of a training one
+    need = spent_s + first * step_s + eval_s
+    if usable_seconds(minutes) < need:
+        at_least = math.ceil((need + 3) / 0.99 / 60 * 100) / 100  # usable_seconds inverted, to 0.01 minute
+        raise ValueError(f"--time-limit {minutes:g} minutes is shorter than the shortest run vitkit can plan here: "
+                         f"planning took {spent_s:.1f} s, and the first {first} steps (from which the schedule is fitted "
+                         f"to the budget, {step_s * 1e3:.0f} ms each) and one evaluation take ~{need - spent_s:.1f} s "
+                         f"more: give --time-limit {at_least:g} or more, or --epochs N without a time limit")
 
 
 @dataclass
@@ -50,7 +68,7 @@ class TimeBudget:
     def probe_step(self, step: int, now: float, elapsed: float) -> tuple[int, int] | None:
         """Called after each step of the first epoch: at step 30 (or the epoch's last but one), the first plan, with an
         evaluation guessed at a third of the time per image of training."""
-        if len(self.probe) == 2 or step not in (5, min(30, self.steps_per_epoch - 1)):
+        if len(self.probe) == 2 or step not in (5, min(PROBE_STEP, self.steps_per_epoch - 1)):
             return None
         self.probe.append((step, now))
         if len(self.probe) < 2:

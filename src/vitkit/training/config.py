@@ -34,7 +34,7 @@ class TrainConfig:
     skip_bad_images: bool = False
     cache_dir: str | None = None
     # model: a preset plus ViTConfig overrides (img_size, patch_size, embed_dim, depth, ...)
-    model: str = "vit_nano_patch2_8"
+    model: str | None = "vit_nano_patch2_8"  # None with --init: the architecture is the weights' own
     model_args: dict[str, Any] = field(default_factory=dict)
     init: str | None = None  # fine-tune from weights: a registered NAME.TAG or any file/folder vitkit.load reads
     freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)

@@ -37,7 +37,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
 from ..runtime.precision import autocast_for
 from ..runtime.threads import choose_threads, threads_for_ranks
-from .budget import usable_seconds
+from .budget import check_budget, usable_seconds
 from .build import apply_layout, build_data, build_model, init_crop, preprocessing_for
 from .checkpoint import recover_run
 from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
@@ -115,7 +115,11 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     if resume:
         run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
         recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
-        if resume == "auto" and not (run_dir / "last").exists():
+        if not (run_dir / "last").exists():
+            if resume != "auto" and not (run_dir / "plan.json").is_file():
+                raise FileNotFoundError(f"--resume {resume}: no run there (no last/ checkpoint, no plan.json)")
+            if resume != "auto":  # a run killed before its first checkpoint: it starts over in its folder
+                given.setdefault("output", str(run_dir))
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
             saved = safe_yaml(run_dir / "config.yaml")
@@ -166,6 +170,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
     merged.setdefault("cache_dir", default_cache_dir())
+    if merged.get("init") and "model" not in given and "model" not in file_cfg and not saved:
+        merged["model"] = None  # the weights say the architecture: config.yaml named the default preset instead
     if (saved or "batch_size" in given or "batch_size" in file_cfg) and "gpu_batch" not in given:
         merged["gpu_batch"] = False  # the batch the user (or the run being resumed) chose stays
     if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
@@ -306,6 +312,9 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     else:
         threads_note = ""  # measured on the chosen step, below
     data = data or build_data(cfg)
+    if len(data.classes) < 2:  # one class trains to "100%" and predicts it for everything
+        raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
+                         "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "")
     if world > 1:
@@ -327,6 +336,9 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads or gpu_batch):
         p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                         channels_last=cfg.channels_last)
+        if cfg.time_limit:
+            check_budget(cfg.time_limit, time.time() - start_time, 0.0, cfg.batch_size, len(data.train),
+                         len(data.val))
         return cfg  # nothing to time
     probe = _probe(cfg, data, device)
     cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
@@ -356,6 +368,10 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
     p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                     channels_last=cfg.channels_last)
+    if cfg.time_limit:  # (without a timed step: planning alone must fit)
+        step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
+        check_budget(cfg.time_limit, time.time() - start_time, step_s * cfg.batch_size / probe.n * cfg.grad_accum,
+                     cfg.batch_size, len(data.train), len(data.val))
     return cfg
 
 
