@@ -337,7 +337,8 @@ def test_serve_decodes_uploads_at_what_the_model_needs_as_predict_does(run_dir, 
     p = pred_mod.Predictor(model, pre, threads=1)
     served = p((tmp_path / "big.jpg").read_bytes())
     assert sides == [p.decode_side] and p.decode_side < 100
-    local = predict(model, pre, [str(tmp_path / "big.jpg")], topk=3)[0]
+    with torch.no_grad():
+        local = predict(model, pre, [str(tmp_path / "big.jpg")], topk=3)[0]
     assert [t["index"] for t in served["top"][:3]] == [t["index"] for t in local["top"]]
     np.testing.assert_allclose([t["prob"] for t in served["top"][:3]], [t["prob"] for t in local["top"]],
                                atol=1e-4)

@@ -13,7 +13,7 @@ import yaml
 from ..data.datasets import DATASETS
 from ..model.config import ViTConfig
 from ..model.fields import check_keys, check_range, coerce_fields
-from ..runtime.precision import PRECISIONS
+from ..runtime.precision import TRAIN_PRECISIONS
 from .evaluate import EVAL_BATCH_SIZE
 
 
@@ -92,7 +92,7 @@ class TrainConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_keys(self.model_args, "model override", ViTConfig)
-        choices = {"opt": ("adamw", "sgd", "muon"), "precision": PRECISIONS,
+        choices = {"opt": ("adamw", "sgd", "muon"), "precision": TRAIN_PRECISIONS,
                    "aa": (None, "rand", "trivial")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:

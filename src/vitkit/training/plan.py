@@ -35,12 +35,13 @@ from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name, reports_bf16_unit
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
-from ..runtime.precision import autocast_for
+from ..runtime.precision import autocast_for, matmul_precision
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import check_budget, usable_seconds
 from .build import apply_layout, build_data, build_model, init_crop, preprocessing_for
 from .checkpoint import recover_run
 from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
+from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .optim import build_optimizer, freeze_body
 from .recipes import choose_recipe, flips_change_labels
 
@@ -48,7 +49,9 @@ from .recipes import choose_recipe, flips_change_labels
 # Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x; 1.12x in bf16
 # on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed): 5-minute runs never pay for a cold one.
 COMPILE_GAIN = 1.2
-COMPILE_PRIOR_S = 30.0  # a cold compile of a small ViT's step on 2 cores (30-40 s), until measured here
+# a cold compile of a small ViT's step, until measured on this machine (then the measured one, cached): 30-40 s on 2
+# CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
+COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
 COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
 RETIME = 1.15  # after a tier changes the model, the candidates within this of the best are timed again
 # Of the images per second the calibrated step promises, what an epoch delivers: augmentation, evaluation, saving
@@ -237,8 +240,10 @@ def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True)
         precisions = [cfg.precision]
     elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
         precisions = ["fp32"]
-    elif device.type in ("cpu", "cuda"):
-        precisions = ["bf16", "fp32"] if device.type == "cuda" or reports_bf16_unit() else ["fp32", "bf16"]
+    elif device.type == "cuda":  # fp32 with TF32 matmuls where the GPU has TF32 tensor cores (Ampere on)
+        precisions = ["bf16", "tf32", "fp32"] if torch.cuda.get_device_capability(device)[0] >= 8 else ["bf16", "fp32"]
+    elif device.type == "cpu":
+        precisions = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
     else:
         precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
     attentions = ["sdpa", "exact"] if cfg.attention == "auto" else [cfg.attention]
@@ -280,11 +285,12 @@ class StepProbe:
         x, target, criterion, device, precision = self.x, self.target, self.criterion, self.device, s["precision"]
 
         def step() -> None:
-            with autocast_for(device, precision):
-                loss = criterion(fwd(x), target)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            with matmul_precision(precision):
+                with autocast_for(device, precision):
+                    loss = criterion(fwd(x), target)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
@@ -345,6 +351,9 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     if measure_threads:  # first: every candidate below is timed at the thread count the run trains with (timed at
         # two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)
         p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device)[1])
+    if gpu_batch:  # then the batch (on a GPU): every setting below is timed at the batch the run trains with
+        cfg = _decide_batch(cfg, data, device, p, cands[0])
+        probe = _probe(cfg, data, device) if cfg.batch_size != probe.n else probe
     cal = None
     if cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume):
         cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
@@ -360,7 +369,6 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     if cal is not None and "auto" in fixed.values():
         p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
     cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
-    cfg = _decide_batch(cfg, data, device, p)  # (the tier was taken at the recipe's batch: a larger one is faster)
     compile_on = cfg.compile
     if cfg.compile == "auto":
         compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)
@@ -376,57 +384,31 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
 
 
 # ------------------------------------------------------------------------------------------ the batch on a GPU
-MEMORY_SHARE = 0.8  # of the GPU's free memory a step may peak at
-MIN_GAIN = 1.10  # a doubled batch is kept only for at least 10% more images per second
-MIN_STEPS_PER_EPOCH = 32  # and only while an epoch keeps this many optimizer steps: small data needs its updates
-MAX_BATCH = 4096
-
-
-@dataclass
-class BatchTrial:
-    batch: int
-    img_per_s: float
-    peak_bytes: int
-    fits: bool
-
-
-def choose_batch(measure: Callable[[int], tuple[float, int]], base: int, n_train: int, free_bytes: int,
-                 max_batch: int = MAX_BATCH) -> tuple[int, list[BatchTrial]]:
-    """The batch for a GPU: from ``base``, doubled while the step at twice the batch still peaks under
-    ``MEMORY_SHARE`` of ``free_bytes``, leaves an epoch ``MIN_STEPS_PER_EPOCH`` steps, and gives at least
-    ``MIN_GAIN`` times the images per second. ``measure(batch)`` -> (images per second, peak bytes), or raises
-    ``torch.cuda.OutOfMemoryError``. Returns the batch and every trial."""
-    trials = [BatchTrial(base, *measure(base), True)]
-    best = trials[0]
-    b = base * 2
-    while b <= max_batch and n_train // b >= MIN_STEPS_PER_EPOCH:
-        try:
-            speed, peak = measure(b)
-        except torch.cuda.OutOfMemoryError:
-            trials.append(BatchTrial(b, 0.0, free_bytes, False))
-            break
-        trials.append(BatchTrial(b, speed, peak, peak <= MEMORY_SHARE * free_bytes))
-        if not trials[-1].fits or speed < MIN_GAIN * best.img_per_s:
-            break
-        best = trials[-1]
-        b *= 2
-    return best.batch, trials
-
-
-def scale_lr(cfg: TrainConfig, batch: int) -> dict[str, Any]:
-    """The learning rates for ``batch`` instead of ``cfg.batch_size``: linear scaling for SGD (Goyal et al. 2017),
-    the square root for the adaptive optimizers (AdamW, and Muon's AdamW part; Malladi et al. 2022)."""
-    k = batch / cfg.batch_size
-    factor = k if cfg.opt == "sgd" else k ** 0.5
-    return {"batch_size": batch, "lr": cfg.lr * factor, "min_lr": cfg.min_lr * factor}
-
-
-def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan) -> TrainConfig:
-    """On a CUDA GPU with ``gpu_batch``: the batch from ``choose_batch`` on the run's own step, and the LR with it."""
+def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan,
+                  setting: dict[str, Any] | None = None) -> TrainConfig:
+    """On a CUDA GPU with ``gpu_batch``: the batch from ``choose_batch`` on the run's own step (with ``setting``: the
+    candidate the planner times first, before any other is timed at this batch), and the LR with it."""
     if device.type != "cuda" or not cfg.gpu_batch or cfg.grad_accum != 1:
         return cfg
-    setting = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
+    setting = setting or {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
+    free, _ = torch.cuda.mem_get_info(device)
+    batch, trials = choose_batch(_batch_measure(cfg, data, device, setting), cfg.batch_size, len(data.train), free)
+    torch.cuda.empty_cache()
+    p.notes.append("batch on this GPU: " + ", ".join(
+        f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
+        for t in trials) + f" -> {batch}")
+    if batch == cfg.batch_size:
+        return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False})
+    new = scale_lr(cfg, batch)
+    p.notes.append(f"batch {cfg.batch_size} -> {batch}: lr {cfg.lr:g} -> {new['lr']:g} "
+                   f"({'linear' if cfg.opt == 'sgd' else 'square-root'} scaling), the schedule in epochs unchanged")
+    return TrainConfig.from_dict({**cfg.to_dict(), **new, "gpu_batch": False})
 
+
+def _batch_measure(cfg: TrainConfig, data: DataSplits, device: torch.device, setting: dict[str, Any]
+                   ) -> Callable[[int], tuple[float, int]]:
+    """``measure(batch)`` for ``choose_batch``: the run's step at that batch on the GPU, (images per second, peak
+    bytes), after a warm-up step."""
     def measure(batch: int) -> tuple[float, int]:
         probe = _probe(TrainConfig.from_dict({**cfg.to_dict(), "batch_size": batch}), data, device)
         step = probe.make(setting)
@@ -438,18 +420,7 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
         seconds = (time.perf_counter() - start) / 3
         return probe.n / seconds, torch.cuda.max_memory_allocated(device)
 
-    free, _ = torch.cuda.mem_get_info(device)
-    batch, trials = choose_batch(measure, cfg.batch_size, len(data.train), free)
-    torch.cuda.empty_cache()
-    p.notes.append("batch on this GPU: " + ", ".join(
-        f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
-        for t in trials) + f" -> {batch}")
-    if batch == cfg.batch_size:
-        return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False})
-    new = scale_lr(cfg, batch)
-    p.notes.append(f"batch {cfg.batch_size} -> {batch}: lr {cfg.lr:g} -> {new['lr']:g} "
-                   f"({'linear' if cfg.opt == 'sgd' else 'square-root'} scaling), the schedule in epochs unchanged")
-    return TrainConfig.from_dict({**cfg.to_dict(), **new, "gpu_batch": False})
+    return measure
 
 
 def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProbe:
@@ -536,7 +507,8 @@ def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], 
         run_s = cfg.epochs * _steps_per_epoch(cfg, probe) * eager_s
     else:
         run_s = 0.0
-    compile_s = known.extra.get("compile_s", COMPILE_PRIOR_S) if known else COMPILE_PRIOR_S
+    prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
+    compile_s = known.extra.get("compile_s", prior) if known else prior
     if not compile_worth_timing(run_s, compile_s):
         return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
                        f"gain seen, {COMPILE_GAIN}x; --compile to compile anyway)")

@@ -66,6 +66,11 @@ class Trainer:
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
         self.device = resolve_device(cfg.device, local_rank())
         self.precision = cfg.precision
+        if self.precision == "tf32":  # TF32 matmuls for the whole run (the backward pass too), CUDA only
+            if self.device.type != "cuda":
+                raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 "
+                                 "or bf16")
+            torch.set_float32_matmul_precision("high")
         torch.manual_seed(cfg.seed + self.rank)
         self.data = resident(self.data.with_train_fraction(cfg.train_fraction), self.device,
                              log if self.is_main else lambda s: None)

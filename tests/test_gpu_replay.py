@@ -1,0 +1,137 @@
+"""The planner on a GPU without one: an NVIDIA H200's measured CIFAR-10 training steps (results/gpu-train-step-h200.csv,
+from the team's GPU session) replayed as the step times, and the decisions checked against them (issue 49).
+
+What the H200 run did (../shared/gpu/h200-cifar10-4min.log): precision and attention timed at the recipe's batch 128,
+where the step is launch-bound (fp32 9.2 ms, bf16 9.2-11.8 ms), fp32 chosen, the batch raised to 1024 afterwards and
+nothing timed again: fp32 at 1024, 32,548 img/s, where bf16 runs 48,812. The epochs the budget buys were estimated
+at batch 128 (47.4), and compile kept off by the CPU's 30-s compile prior.
+
+Between two measured batches a step's throughput is interpolated on a log scale (the only assumption here); every
+decision asserted below is between measured points."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vitkit import ViTConfig
+from vitkit.data.splits import DataSplits, ImageTensors
+from vitkit.runtime import calibrate as cal_mod
+from vitkit.runtime.calibrate import Calibration, Timing
+from vitkit.training import plan as plan_mod
+from vitkit.training.config import TrainConfig, read_recipe
+
+CSV = Path(__file__).resolve().parents[1] / "results" / "gpu-train-step-h200.csv"
+ROWS = list(csv.DictReader(CSV.open()))
+GIB = 2 ** 30
+PEAK_GIB_PER_IMAGE = 4.1 / 1024  # fp32 at 1024 in the H200 plan: 4.1 GiB (128: 0.6)
+
+
+def step_s(batch: int, precision: str, compiled: bool = False) -> float:
+    """Seconds per step at ``batch``: measured, or interpolated (log-log) between the measured batches."""
+    pts = sorted((int(r["batch"]), float(r["ms_per_step"]) / 1e3) for r in ROWS
+                 if r["precision"] == precision and (r["compiled"] == "yes") == compiled)
+    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+        if b0 <= batch <= b1:
+            t = math.log(batch / b0) / math.log(b1 / b0)
+            return math.exp(math.log(s0) + t * (math.log(s1) - math.log(s0)))
+    raise KeyError(f"no measurement around batch {batch} for {precision}")
+
+
+class ReplayedProbe:
+    """The planner's StepProbe with the H200's step times: ``make`` returns a step that says what it is."""
+
+    def __init__(self, cfg: TrainConfig, n_train: int) -> None:
+        c = ViTConfig(img_size=32, patch_size=1, embed_dim=128, depth=4, num_heads=4, num_classes=10,
+                      hybrid="conv:64,64,M,128,128,M")
+        self.cfg, self.n, self.n_train = cfg, min(cfg.batch_size, n_train), n_train
+        self.model = SimpleNamespace(config=c)
+
+    def make(self, s, compiled=False):
+        def step():
+            return None
+        step.replay = (self.n, s["precision"], compiled)
+        return step
+
+
+@pytest.fixture
+def h200(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    for name, value in {"is_available": lambda: True, "is_bf16_supported": lambda *a, **k: True,
+                        "get_device_name": lambda *a: "NVIDIA H200 (replayed)",
+                        "get_device_capability": lambda *a: (9, 0), "empty_cache": lambda: None,
+                        "mem_get_info": lambda *a: (139 * GIB, 141 * GIB)}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    n_train = 50_000
+    monkeypatch.setattr(plan_mod, "_probe", lambda cfg, data, device: ReplayedProbe(cfg, n_train))
+    timed = []
+
+    def time_candidates(what, candidates, make, **kw):
+        steps = [make(c) for c in candidates]
+        timed.append([s.replay for s in steps])
+        return Calibration(what, [Timing(c, step_s(n, prec, comp) * (1 + 0.02 * (c.get("attention") == "exact")
+                                                                     + 0.01 * bool(c.get("channels_last"))), 3)
+                                  for c, (n, prec, comp) in zip(candidates, (s.replay for s in steps))])
+
+    monkeypatch.setattr(cal_mod, "time_candidates", time_candidates)
+    monkeypatch.setattr(plan_mod, "time_candidates", time_candidates)
+
+    def batch_measure(cfg, data, device, setting):
+        return lambda b: (b / step_s(b, setting["precision"]), int(b * PEAK_GIB_PER_IMAGE * GIB))
+
+    monkeypatch.setattr(plan_mod, "_batch_measure", batch_measure)
+    compiles = []
+
+    def time_compile(probe, chosen, device):
+        compiles.append((probe.n, chosen["precision"]))
+        eager = step_s(probe.n, chosen["precision"])  # no compiled measurement at this batch: no gain assumed
+        return Calibration("compile", [Timing({"compiled": False}, eager, 3), Timing({"compiled": True}, eager, 3)],
+                           extra={"compile_s": 15.1})
+
+    monkeypatch.setattr(plan_mod, "_time_compile", time_compile)
+    x = torch.zeros(n_train, 3, 1, 1, dtype=torch.uint8)
+    data = DataSplits("replayed cifar10", ImageTensors(x, torch.arange(n_train) % 10),
+                      ImageTensors(x[:10_000], torch.arange(10_000) % 10), [str(i) for i in range(10)])
+    return SimpleNamespace(data=data, timed=timed, compiles=compiles)
+
+
+def test_every_setting_is_timed_at_the_batch_the_run_trains_with(h200):
+    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 4.0})
+    cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
+    # the batch first: doubled from 128 while bf16's step gets 10% faster; 2048 would leave 24 steps an epoch (< 32)
+    assert cfg.batch_size == 1024 and any("-> 1024" in n for n in p.notes)
+    # then precision and attention, all timed at 1024 (bf16 48,812 img/s; tf32 39,352; fp32 32,548), never at 128
+    assert h200.timed and all(n == 1024 for stage in h200.timed for n, _, _ in stage)
+    assert {prec for stage in h200.timed for _, prec, _ in stage} == {"bf16", "tf32", "fp32"}
+    assert p.chosen["precision"] == "bf16" and p.chosen["attention"] == "sdpa"
+    # the epochs the budget buys, at the chosen step and batch: ~180, not the 47.4 estimated at batch 128
+    assert p.epochs_affordable > 150 and p.tier is None
+    # compile timed at 1024 in bf16, its cost the GPU's (15 s), not the CPU's 30-s prior that kept it off there
+    assert h200.compiles == [(1024, "bf16")]
+    assert cfg.lr == pytest.approx(0.002 * 8 ** 0.5)  # AdamW: square-root scaling for 8x the batch
+
+
+def test_a_gpu_with_tf32_cores_times_tf32_and_an_older_one_does_not(h200, monkeypatch):
+    cands = plan_mod.step_candidates(TrainConfig(precision="auto"), torch.device("cuda", 0), hybrid=False)
+    assert [c["precision"] for c in cands if c["attention"] == "sdpa"] == ["bf16", "tf32", "fp32"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))  # Turing: no TF32
+    cands = plan_mod.step_candidates(TrainConfig(precision="auto"), torch.device("cuda", 0), hybrid=False)
+    assert "tf32" not in {c["precision"] for c in cands}
+
+
+def test_tf32_is_a_cuda_setting():
+    from vitkit.runtime.precision import matmul_precision
+
+    before = torch.get_float32_matmul_precision()
+    with matmul_precision("tf32"):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    with pytest.raises(ValueError, match="tf32 is for CUDA GPUs"):
+        from vitkit.training.trainer import Trainer
+
+        Trainer(TrainConfig(precision="tf32", epochs=1, model_args={"depth": 1}), log=lambda s: None,
+                progress=False)
