@@ -135,3 +135,27 @@ def test_tf32_is_a_cuda_setting():
 
         Trainer(TrainConfig(precision="tf32", epochs=1, model_args={"depth": 1}), log=lambda s: None,
                 progress=False)
+
+
+def test_a_budget_that_buys_more_epochs_grows_the_schedule_up_to_max_epochs(monkeypatch, tmp_path):
+    """A --time-limit run ended with most of its budget unused once the recipe's epochs ran out (the H200: 57 s of
+    300). With max_epochs the schedule is planned to what the budget buys (x1.25; the run's re-plans end it at the
+    budget), the warmup in proportion; without it, the recipe's epochs."""
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cal_mod, "time_candidates", lambda what, cands, make, **kw: Calibration(
+        what, [Timing(c, 0.01, 3) for c in cands]))  # 10 ms a step of 64 digits: ~4,900 img/s
+    from vitkit.training.build import build_data
+
+    base = TrainConfig.from_dict({**read_recipe("digits"), "time_limit": 1.0, "threads": 1})
+    data = build_data(base)
+    cfg, p = plan_mod.make_plan(TrainConfig.from_dict({**base.to_dict(), "max_epochs": 500}), data,
+                                log=lambda s: None)
+    bought = p.epochs_affordable  # (60 s * 0.99 - 3 - planning) * 0.8 * 6,400 img/s / 1,437 images: ~200
+    assert 150 < bought < 215 and cfg.epochs == min(500, math.ceil(bought * 1.25))
+    assert cfg.warmup_epochs == pytest.approx(base.warmup_epochs * cfg.epochs / base.epochs)
+    assert any("a longer schedule" in n for n in p.notes)
+    capped, _ = plan_mod.make_plan(TrainConfig.from_dict({**base.to_dict(), "max_epochs": 100}), data,
+                                   log=lambda s: None)
+    assert capped.epochs == 100
+    kept, _ = plan_mod.make_plan(base, data, log=lambda s: None)
+    assert kept.epochs == base.epochs == 40

@@ -45,6 +45,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                      "fastest; logged)"),
     ("--seed",): ("seed", int, "random seed"),
     ("--time-limit",): ("time_limit", float, "minutes of wall time; the LR schedule is planned to end there"),
+    ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "
+                                           "schedule up to this many epochs (default: the recipe's; most keep "
+                                           "their epochs)"),
     ("--output",): ("output", str, "run folder (default runs/<dataset>-<time>)"),
     ("--resume",): ("resume", str, "a run folder, or 'auto' (the --output folder if it has a checkpoint)"),
     ("--model-ema-decay",): ("model_ema_decay", float, "EMA decay"),

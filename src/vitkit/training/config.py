@@ -86,6 +86,10 @@ class TrainConfig:
     # With a --time-limit: settings laid over these by how many epochs of this model the budget buys, timed at the
     # start of the run: [{below: 5, lr: 0.003, ...}, {below: 15, ...}] (the smallest `below` above the epochs wins).
     tiers: list[dict[str, Any]] | None = None
+    # With a --time-limit that buys more epochs than `epochs`: the schedule grows to what the budget buys, up to this
+    # many (the recipe states with its measurement where more stop helping); None: the recipe's epochs, and the rest
+    # of the budget unused.
+    max_epochs: int | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, "train config")  # YAML's `lr: 1e-3` is a string to PyYAML: taken as the number meant
@@ -103,7 +107,7 @@ class TrainConfig:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
-        for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every"):
+        for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
         for k, lo, hi, lo_open, hi_open in (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -339,7 +340,9 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
             measure_threads: bool) -> TrainConfig:
     data = data.with_train_fraction(cfg.train_fraction)
     gpu_batch = device.type == "cuda" and cfg.gpu_batch
-    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads or gpu_batch):
+    grow = bool(cfg.max_epochs and cfg.time_limit and not cfg.resume)
+    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads or gpu_batch
+            or grow):
         p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                         channels_last=cfg.channels_last)
         if cfg.time_limit:
@@ -363,6 +366,12 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh)
     if cfg.tiers:
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
+    if grow:
+        if cal is None:  # nothing else was timed: the run's own step, for the epochs the budget buys
+            cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
+                            step_workload(cfg, probe.model, probe.n, device), cands[:1], probe.make, refresh=refresh)
+            p.calibrations.append(cal)
+        cfg = _grow_schedule(cfg, data, p, probe, cal, start_time)
     best = cal.best.settings if cal is not None else {}
     fixed = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
     chosen = {k: (best[k] if v == "auto" else v) for k, v in fixed.items()}
@@ -482,6 +491,30 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
                         refresh=refresh)
     p.calibrations.append(new_cal)
     return new, new_probe, new_cal
+
+
+GROW_SLACK = 1.25  # a grown schedule asks this much more than the budget is estimated to buy: the run's own re-plans
+# (training/budget.py: from steps 5-30, then every epoch) end its cosine at the budget, never past it
+
+
+def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, cal: Calibration,
+                   start_time: float) -> TrainConfig:
+    """Upward: a budget that buys more epochs than the recipe's gets a longer schedule, up to ``max_epochs`` (with
+    the warmup in proportion), so that a ``--time-limit`` run uses its budget rather than ending early."""
+    _, world = rank_and_world()
+    epochs = affordable_epochs(_budget_left(cfg, start_time), cal.best.seconds or 0.0, probe.n, world,
+                               len(data.train))
+    p.epochs_affordable = round(epochs, 2)
+    if epochs <= cfg.epochs:
+        return cfg
+    grown = min(cfg.max_epochs, math.ceil(epochs * GROW_SLACK))
+    if grown <= cfg.epochs:
+        return cfg
+    p.notes.append(f"a longer schedule: the {cfg.time_limit:g}-minute budget buys ~{epochs:.0f} epochs, more than the "
+                   f"recipe's {cfg.epochs}: planned for {grown} (at most max_epochs {cfg.max_epochs}), its cosine "
+                   "fitted to the budget as the run goes")
+    return TrainConfig.from_dict({**cfg.to_dict(), "epochs": grown,
+                                  "warmup_epochs": cfg.warmup_epochs * grown / cfg.epochs})
 
 
 def _changes_step(a: TrainConfig, b: TrainConfig) -> bool:
