@@ -45,6 +45,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                      "fastest; logged)"),
     ("--seed",): ("seed", int, "random seed"),
     ("--time-limit",): ("time_limit", float, "minutes of wall time; the LR schedule is planned to end there"),
+    ("--folder-max-side",): ("folder_max_side", int, "--dataset folder: photos held in memory at up to this many "
+                                                     "pixels a side (default 128, or the --img-size the model reads "
+                                                     "where larger)"),
     ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "
                                            "schedule up to this many epochs (default: the recipe's; most keep "
                                            "their epochs)"),

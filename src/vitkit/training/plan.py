@@ -145,6 +145,13 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
         if dataset == "folder":
             probe = {**file_cfg, **given}
+            wanted = src.model_args.get("img_size") or file_cfg.get("model_args", {}).get("img_size")
+            if "folder_max_side" in probe:  # the user's own
+                merged["folder_max_side"] = probe["folder_max_side"]
+            elif wanted and not init and max(to_2tuple(wanted)) > 128:  # photos kept at the size the model reads
+                merged["folder_max_side"] = max(to_2tuple(wanted))
+                say(f"photos kept at up to {merged['folder_max_side']} px a side, the --img-size the model reads "
+                    "(128 otherwise; --folder-max-side N to choose)")
             data = load_dataset("folder", probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
                                 max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args))
