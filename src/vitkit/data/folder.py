@@ -174,12 +174,12 @@ def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels
     137, no message) was the alternative."""
     decoded = images * kept[0] * kept[1] * channels
     mem = available_memory()
-    if mem is None or decoded * FIRST_DECODE_PEAK <= mem.available:
+    if mem is None or decoded * FIRST_DECODE_PEAK <= mem.available:  # (None: not Linux, nothing to go by)
         return
-    gib = 2 ** 30
+    gib, peak = 2 ** 30, decoded * FIRST_DECODE_PEAK
     raise ValueError(f"{path}: {images:,} images kept at {kept[0]}x{kept[1]}x{channels} are {decoded / gib:.2f} GiB "
-                     f"decoded, and a first decode peaks at ~{FIRST_DECODE_PEAK:g}x that (~{decoded * FIRST_DECODE_PEAK / gib:.1f}"
-                     f" GiB), more than this process may use ({mem.describe()}); nothing was decoded. Keep the "
+                     f"decoded, and a first decode peaks at ~{FIRST_DECODE_PEAK:g}x that (~{peak / gib:.1f} GiB), "
+                     f"more than this process may use ({mem.describe()}); nothing was decoded. Keep the "
                      "photos smaller (--folder-max-side N, a smaller --img-size), or give the process more memory")
 
 

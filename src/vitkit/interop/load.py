@@ -83,8 +83,8 @@ def _build(sd: dict[str, Any], source: str, said: dict[str, Any], overrides: dic
 
 
 def _assumptions(cfg: Any, fmt: str, stated: dict[str, Any]) -> dict[str, str]:
-    """What was read off the weights' shapes by a rule that no reader can check (docs: guide/weights.md, "What a
-    file cannot say"), for ``vitkit import`` and ``train --init`` to print."""
+    """What was read off the weights' shapes by a rule that no reader can check (docs: guide/weights.md, "The grid's
+    shape" and "Pooling of a big_vision file"), for ``vitkit import`` to print."""
     out = {}
     if "img_size" not in stated and cfg.pos_embed == "learn":
         h, w = to_2tuple(cfg.img_size)
@@ -139,4 +139,3 @@ def from_jax_npz(path: str | Path, **known: Any) -> VisionTransformer:
     say: a non-square ``img_size``, or ``img_size`` for a sin-cos model, whose file has no table to size). The same
     rule as ``load`` for what a given size means."""
     return load(path, "jax", **known)
-

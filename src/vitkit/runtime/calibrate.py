@@ -237,7 +237,7 @@ def cached(device: torch.device, workload: dict[str, Any]) -> Calibration | None
     entry = _read_cache().get(cache_key(device, workload))
     try:
         return Calibration.from_dict(entry) if entry else None
-    except (ValueError, KeyError, TypeError, NothingRuns):
+    except (ValueError, KeyError, TypeError):  # NothingRuns is a ValueError
         return None
 
 

@@ -168,16 +168,16 @@ class Predictor:
                                           readout=self.model.num_readout_tokens).numpy()
         for j, (i, image, ask) in enumerate(images):
             target = int(probs[j].argmax()) if ask.target is None else ask.target
+            # a class-agnostic map (rollout, attention-last) explains no class: it is the same for all
+            specific = ask.method in CLASS_SPECIFIC
+            explained = {"method": ask.method, "class_specific": specific,
+                         "class": self.names[target] if specific else None, "index": target if specific else None,
+                         "prob": round(float(probs[j, target]), 5) if specific else None}
             heat = (rollout[j] if ask.method == "rollout"
                     else explain(self.model, x[j:j + 1], target, ask.method).maps[0])
             out[i] = {"top": [{"class": self.names[int(k)], "index": int(k), "prob": round(float(p), 5)}
                               for p, k in zip(top.values[j], top.indices[j])],
-                      # a class-agnostic map (rollout, attention-last) explains no class: it is the same for all
-                      "explained": {"method": ask.method, "class_specific": ask.method in CLASS_SPECIFIC,
-                                    **({"class": self.names[target], "index": target,
-                                        "prob": round(float(probs[j, target]), 5)}
-                                       if ask.method in CLASS_SPECIFIC else
-                                       {"class": None, "index": None, "prob": None})},
+                      "explained": explained,
                       "overlay": "data:image/png;base64," + base64.b64encode(
                           overlay_png(model_view(image, self.pre, self.model.config), heat)).decode()}
         return out

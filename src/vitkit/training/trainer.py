@@ -26,7 +26,7 @@ from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
-from ..runtime.precision import autocast_for
+from ..runtime.precision import autocast_for, matmul_precision
 from .budget import TimeBudget
 from .build import build_data, build_model, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
@@ -66,11 +66,9 @@ class Trainer:
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
         self.device = resolve_device(cfg.device, local_rank())
         self.precision = cfg.precision
-        if self.precision == "tf32":  # TF32 matmuls for the whole run (the backward pass too), CUDA only
-            if self.device.type != "cuda":
-                raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 "
-                                 "or bf16")
-            torch.set_float32_matmul_precision("high")
+        if self.precision == "tf32" and self.device.type != "cuda":  # TF32 tensor cores: fit() runs under them
+            raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 or "
+                             "bf16")
         torch.manual_seed(cfg.seed + self.rank)
         self.data = resident(self.data.with_train_fraction(cfg.train_fraction), self.device,
                              log if self.is_main else lambda s: None)
@@ -275,7 +273,8 @@ class Trainer:
         if self.is_main:
             self._announce()
         try:
-            self._epochs()
+            with matmul_precision(self.precision):  # tf32: the whole run's matmuls, backward too; restored after
+                self._epochs()
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise
