@@ -48,6 +48,10 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--folder-max-side",): ("folder_max_side", int, "--dataset folder: photos held in memory at up to this many "
                                                      "pixels a side (default 128, or the --img-size the model reads "
                                                      "where larger)"),
+    ("--data-mode",): ("data_mode", str, "--dataset folder: memory (decoded once, the fastest) | stream (read from "
+                                         "the files by DataLoader workers, for data larger than memory) | auto "
+                                         "(streams what would not fit in the memory this process may use)"),
+    ("--workers",): ("workers", int, "streaming: DataLoader worker processes (default: measured on the run's step)"),
     ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "
                                            "schedule up to this many epochs (default: the recipe's; most keep "
                                            "their epochs)"),

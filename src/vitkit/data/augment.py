@@ -69,7 +69,11 @@ class BatchAugment:
 
 def batches(data: ImageTensors, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool,
             device: torch.device):
-    """Yield (uint8 images, labels) on ``device`` for consecutive chunks of ``indices``."""
+    """Yield (uint8 images, labels) on ``device`` for consecutive chunks of ``indices`` (read from the files by
+    DataLoader workers for a streamed split)."""
+    if not isinstance(data, ImageTensors):  # stream.StreamedImages
+        yield from data.batches(indices, batch_size, drop_last, device)
+        return
     idx = torch.as_tensor(indices, dtype=torch.int64).to(data.images.device)  # cut where the images live
     n = len(idx) - (len(idx) % batch_size if drop_last else 0)
     for i in range(0, n, batch_size):

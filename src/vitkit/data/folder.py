@@ -19,8 +19,9 @@ import torch
 from PIL import Image
 
 from ..runtime.memory import available_memory
-from .images import BadImageError, crop_decode_side, decode_within, fit_within, is_gray, resize_and_crop, to_array
+from .images import BadImageError, crop_decode_side, fit_within, is_gray, to_array
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
+from .stream import Listing, Prepare, Reader, StreamedImages, kept_size, list_images
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -38,6 +39,7 @@ class _Source:
         if self.zip is None and not path.is_dir():
             raise FileNotFoundError(f"{path}: no such folder or zip file")
         names = self.zip.namelist() if self.zip else _walk(path)
+        self.reader = Reader(path, MAX_IMAGE_BYTES)
         self.files: dict[str, dict[str, list[str]]] = {}  # split -> class -> files
         self.dirs: dict[str, set[str]] = {}
         self.names: dict[str, str] = {}  # as split below (a zip written on Windows has backslashes) -> as stored
@@ -83,20 +85,12 @@ class _Source:
                              "is not a class): move them up, or make each sub-folder a class of its own")
 
     def where(self, name: str) -> str:
-        return f"{self.path}/{name}" if self.zip else str(self.path / name)
+        return self.reader.where(name)
 
     def read(self, name: str) -> bytes:
         """The file's bytes; an entry too large to be an image, or a file that cannot be read (a symlink loop, a
         permission), is a BadImageError naming it, so --skip-bad-images can pass over it."""
-        try:
-            size = self.zip.getinfo(self.names.get(name, name)).file_size if self.zip else \
-                (self.path / name).stat().st_size
-            if size > MAX_IMAGE_BYTES:  # known before a byte is inflated: a zip bomb is refused at once
-                raise BadImageError(self.where(name), f"{size:,} bytes, more than the {MAX_IMAGE_BYTES:,} an image "
-                                                      "file may have")
-            return self.zip.read(self.names.get(name, name)) if self.zip else (self.path / name).read_bytes()
-        except (OSError, zipfile.BadZipFile) as e:
-            raise BadImageError(self.where(name), f"cannot read it ({type(e).__name__}: {e})") from None
+        return self.reader.read(self.names.get(name, name))
 
     def fingerprint(self) -> str:
         """Changes whenever any image file does: every file's size and modification time (a zip's own, and each
@@ -168,29 +162,55 @@ def estimate_decoded(src: _Source, splits: tuple[str, ...], size: tuple[int, int
     return len(names), kept, 1 if gray else 3
 
 
-def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int) -> None:
-    """Refuse, before a pixel is decoded, a folder whose first decode would not fit in the memory this process may
-    use (its container's limit where it has one): the kernel's out-of-memory kill at 43% of "decoding train" (exit
-    137, no message) was the alternative."""
+DATA_MODES = ("auto", "memory", "stream")
+
+
+def memory_need(images: int, kept: tuple[int, int], channels: int, first: bool = True) -> tuple[int, int]:
+    """(decoded bytes, the peak a decode into memory reaches: ~3.6x at the first, ~1.1x from the cache)."""
     decoded = images * kept[0] * kept[1] * channels
+    return decoded, int(decoded * (FIRST_DECODE_PEAK if first else CACHED_PEAK))
+
+
+CACHED_PEAK = 1.1
+
+
+def fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, first: bool = True
+                   ) -> tuple[bool, str]:
+    """Whether a decode into memory fits in the memory this process may use (its container's limit where it has
+    one), and the sentence with the numbers."""
+    decoded, peak = memory_need(images, kept, channels, first)
     mem = available_memory()
-    if mem is None or decoded * FIRST_DECODE_PEAK <= mem.available:  # (None: not Linux, nothing to go by)
-        return
-    gib, peak = 2 ** 30, decoded * FIRST_DECODE_PEAK
-    raise ValueError(f"{path}: {images:,} images kept at {kept[0]}x{kept[1]}x{channels} are {decoded / gib:.2f} GiB "
-                     f"decoded, and a first decode peaks at ~{FIRST_DECODE_PEAK:g}x that (~{peak / gib:.1f} GiB), "
-                     f"more than this process may use ({mem.describe()}); nothing was decoded. Keep the "
-                     "photos smaller (--folder-max-side N, a smaller --img-size), or give the process more memory")
+    gib = 2 ** 30
+    what = (f"{path}: {images:,} images kept at {kept[0]}x{kept[1]}x{channels} are {decoded / gib:.2f} GiB decoded, "
+            f"~{peak / gib:.2f} GiB at {'a first decode' if first else 'a cached read'}'s peak")
+    if mem is None:  # not Linux: nothing to go by
+        return True, what
+    return peak <= mem.available, f"{what}; this process may use {mem.describe()}"
+
+
+def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, first: bool = True) -> None:
+    """Refuse, before a pixel is decoded, a folder whose decode would not fit in the memory this process may use:
+    the kernel's out-of-memory kill at 43% of "decoding train" (exit 137, no message) was the alternative."""
+    ok, what = fits_in_memory(path, images, kept, channels, first)
+    if not ok:
+        raise ValueError(f"{what}; nothing was decoded. Stream it from the files (--data-mode stream, the choice of "
+                         "--data-mode auto), keep the photos smaller (--folder-max-side N, a smaller --img-size), or "
+                         "give the process more memory")
 
 
 def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                        cache_dir: str | None = None, progress: Callable | None = None,
-                       max_side: int = 128, crop: dict[str, Any] | None = None) -> DataSplits:
-    """Decode an ImageFolder tree (or a zip of one) into memory as uint8, all at one size (``size``, else the most
-    common size, scaled down to at most ``max_side`` pixels); cached under ``cache_dir`` by fingerprint.
+                       max_side: int = 128, crop: dict[str, Any] | None = None, mode: str = "auto",
+                       say: Callable[[str], None] | None = None) -> DataSplits:
+    """An ImageFolder tree (or a zip of one) as uint8 images all at one size (``size``, else the most common size,
+    scaled down to at most ``max_side`` pixels): decoded into memory (cached under ``cache_dir`` by fingerprint), or
+    streamed from the files (``mode``: ``auto`` streams what would not fit in the memory this process may use).
 
-    ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) decodes every image as predict and
+    ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) prepares every image as predict and
     serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
+    if mode not in DATA_MODES:
+        raise ValueError(f"data_mode must be one of {DATA_MODES}, got {mode!r}")
+    say = say or (lambda s: None)
     src = _Source(Path(path))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
@@ -210,13 +230,50 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
                          f"only in {val_split} {only_v}")
     if crop is not None:
         size, max_side = tuple(crop["img_size"]), crop_decode_side(crop)
-    key = hashlib.sha256(f"{src.fingerprint()}|{size}|{max_side}|{skip_bad_images}|"
+    prep = Prepare(tuple(size) if size else None, max_side, crop)
+    items = {s: [(src.names[n], ci) for ci, c in enumerate(classes) for n in src.files[s][c]]
+             for s in ("train", val_split)}
+    fingerprint = src.fingerprint()
+    key = hashlib.sha256(f"{fingerprint}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    if (hit := load_cached(cache, "classes", "skipped")) is not None:
+    estimate = estimate_decoded(src, ("train", val_split), size, max_side, crop)
+    cached = cache is not None and cache.is_file()  # decoded before: read back at ~1.1x its size
+    if mode == "memory":
+        check_fits_in_memory(path, *estimate, first=not cached)
+    elif mode == "auto":
+        ok, what = fits_in_memory(path, *estimate, first=not cached)
+        mode = "memory" if ok else "stream"
+        say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
+                                                   "anyway)"))
+    if mode == "memory" and cached and (hit := load_cached(cache, "classes", "skipped")) is not None:
         return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
-    check_fits_in_memory(path, *estimate_decoded(src, ("train", val_split), size, max_side, crop))
-    items = {s: [(n, ci) for ci, c in enumerate(classes) for n in src.files[s][c]] for s in ("train", val_split)}
+    if mode == "stream":
+        return _streamed(path, src, items, val_split, classes, prep, fingerprint, skip_bad_images, cache_dir,
+                         progress)
+    return _decoded(path, src, items, val_split, classes, prep, skip_bad_images, cache, progress)
+
+
+def _streamed(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], val_split: str, classes: list[str],
+              prep: Prepare, fingerprint: str, skip_bad_images: bool, cache_dir: str | None,
+              progress: Callable | None) -> DataSplits:
+    """The splits read from their files as the run goes (data/stream.py), each image prepared as ``_decoded``
+    prepares it: the same size and channels, decided from every file's header."""
+    listing: Listing = list_images(src.reader, items, fingerprint, skip_bad_images, cache_dir, progress)
+    if not listing.names["train"] and not listing.names[val_split]:
+        raise ValueError(f"{path}: no decodable images")
+    prep = Prepare(kept_size(listing, prep), prep.max_side, prep.crop)
+    channels = 1 if listing.gray else 3
+    splits = [StreamedImages(src.reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
+                             channels, skip_bad_images) for s in ("train", val_split)]
+    h, w = prep.size  # type: ignore[misc]
+    return DataSplits(f"folder:{path}", splits[0], splits[1], classes, len(listing.skipped),
+                      how=f"streamed from the files at {h}x{w}x{channels}")
+
+
+def _decoded(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], val_split: str, classes: list[str],
+             prep: Prepare, skip_bad_images: bool, cache: Path | None, progress: Callable | None) -> DataSplits:
+    """Every image decoded into one uint8 tensor per split, kept in ``cache``."""
     decoded: dict[str, list] = {}
     full_sizes: Counter = Counter()
     skipped = 0
@@ -224,16 +281,12 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         imgs = []
         for n, ci in (progress(lst, desc=f"decoding {s}") if progress else lst):
             try:  # each image shrunk to fit max_side as it is read: memory is bounded by the result's size
-                img, full = decode_within(src.read(n), src.where(n),
-                                          max_side=max_side if crop else max(size) if size else max_side)
+                img, full = prep.decode(src.reader.read(n), src.where(n))
             except BadImageError:
                 if not skip_bad_images:
                     raise
                 skipped += 1
                 continue
-            if crop is not None:  # the gray test needs the image as stored; the crop keeps the channel count
-                gray = is_gray(img)
-                img = resize_and_crop(crop, 1 if gray else 3)(img)
             imgs.append((img, ci))
             full_sizes[full] += 1
         decoded[s] = imgs
@@ -241,9 +294,10 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     if not every:
         raise ValueError(f"{path}: no decodable images")
     channels = 1 if all(is_gray(im) for im, _ in every) else 3
+    size = prep.size
     if size is None:  # the most common size wins; the others are resized to it
         size = full_sizes.most_common(1)[0][0]
-        size = fit_within(size, max_side) or size  # large photos are kept in memory at a training-friendly size
+        size = fit_within(size, prep.max_side) or size  # large photos are kept at a training-friendly size
     tensors = []
     for s in ("train", val_split):
         x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))

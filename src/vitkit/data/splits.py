@@ -27,14 +27,32 @@ class ImageTensors:
             raise ValueError(f"images must be uint8 (N, C, H, W) matching labels (N,); got {self.images.dtype} "
                              f"{tuple(self.images.shape)} and {tuple(self.labels.shape)}")
 
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.images.shape)  # type: ignore[return-value]
+
+    def subset(self, idx: torch.Tensor) -> "ImageTensors":
+        return ImageTensors(self.images[idx], self.labels[idx])
+
+    def stats_sample(self) -> torch.Tensor:
+        return self.images[:20000]
+
 
 @dataclass
 class DataSplits:
+    """A train and a validation split: ``ImageTensors`` in memory, or ``stream.StreamedImages`` read from their
+    files as the run goes (the same ``len``, ``labels``, ``shape``, ``subset``; batches cut by ``augment.batches``)."""
+
     name: str
-    train: ImageTensors
-    val: ImageTensors
+    train: Any  # ImageTensors | StreamedImages
+    val: Any
     classes: list[str]
     skipped: int = 0  # bad images skipped with --skip-bad-images
+    how: str = ""  # how it is held, when not decoded in memory ("streamed from the files at ...")
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.train, ImageTensors)
 
     @property
     def num_classes(self) -> int:
@@ -42,11 +60,11 @@ class DataSplits:
 
     @property
     def in_chans(self) -> int:
-        return self.train.images.shape[1]
+        return self.train.shape[1]
 
     @property
     def img_size(self) -> tuple[int, int]:
-        return tuple(self.train.images.shape[2:])  # type: ignore[return-value]
+        return tuple(self.train.shape[2:])  # type: ignore[return-value]
 
     def to(self, device: torch.device) -> "DataSplits":
         """The same splits with their tensors on ``device`` (still uint8: a quarter of float32's memory)."""
@@ -66,16 +84,17 @@ class DataSplits:
             of_c = order[labels[order] == c]
             keep.append(of_c[:max(1, round(fraction * len(of_c)))])
         idx = torch.cat(keep).sort().values
-        return dataclasses.replace(self, train=ImageTensors(self.train.images[idx], labels[idx]))
+        return dataclasses.replace(self, train=self.train.subset(idx))
 
     def mean_std(self) -> tuple[list[float], list[float]]:
-        x = self.train.images[:20000].float().div_(255)
+        x = self.train.stats_sample().float().div_(255)
         return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
 
     def describe(self) -> str:
         h, w = self.img_size
         return (f"{self.name}: {len(self.train)} train / {len(self.val)} val images, {h}x{w}x{self.in_chans}, "
-                f"{self.num_classes} classes" + (f", {self.skipped} bad images skipped" if self.skipped else ""))
+                f"{self.num_classes} classes" + (f", {self.skipped} bad images skipped" if self.skipped else "")
+                + (f", {self.how}" if self.how else ""))
 
 
 # ------------------------------------------------------------------------------------------ decoded once, then read

@@ -19,10 +19,12 @@ from ..runtime.compile import compile_for_training
 from .config import TrainConfig
 
 
-def build_data(cfg: TrainConfig) -> DataSplits:
-    """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``)."""
+def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> DataSplits:
+    """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``) or, for a folder that
+    would not fit (or ``data_mode: stream``), streamed from its files."""
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
-                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args))
+                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args), mode=cfg.data_mode,
+                        say=say)
 
 
 RESIDENT_SHARE = 0.25  # of the GPU's free memory a dataset may take to live there
@@ -32,7 +34,7 @@ def resident(data: DataSplits, device: torch.device, log: Callable[[str], None] 
     """On a GPU, a dataset that fits in a quarter of its free memory lives there as uint8 (Fashion-MNIST: 55 MB,
     CIFAR-10: 184 MB): each batch is cut and augmented on the GPU, with no per-image CPU work and no copy per step.
     Elsewhere, and for larger sets, the data stays in host memory and each batch is copied."""
-    if device.type != "cuda":
+    if device.type != "cuda" or data.streamed:
         return data
     size = sum(t.images.nbytes + t.labels.nbytes for t in (data.train, data.val))
     free, _ = torch.cuda.mem_get_info(device)

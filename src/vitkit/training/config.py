@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from ..data.datasets import DATASETS
+from ..data.folder import DATA_MODES
 from ..model.config import ViTConfig
 from ..model.fields import check_keys, check_range, coerce_fields
 from ..runtime.precision import TRAIN_PRECISIONS
@@ -40,6 +41,10 @@ class TrainConfig:
     freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)
     train_fraction: float = 1.0  # train on this class-balanced share of the training split (learning curves)
     folder_max_side: int = 128  # --dataset folder: images are held in memory at up to this many pixels a side
+    # --dataset folder: decoded into memory, or streamed from the files by DataLoader workers; auto streams a folder
+    # whose decode would not fit in the memory the process may use (data/folder.py, data/stream.py)
+    data_mode: str = "auto"
+    workers: int | None = None  # streaming: DataLoader worker processes; None = measured on the run's step
     # optimisation
     epochs: int = 30
     batch_size: int = 128
@@ -97,7 +102,7 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_keys(self.model_args, "model override", ViTConfig)
         choices = {"opt": ("adamw", "sgd", "muon"), "precision": TRAIN_PRECISIONS,
-                   "aa": (None, "rand", "trivial")}
+                   "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
@@ -110,6 +115,11 @@ class TrainConfig:
         for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be 0 (read in the training process) or more, got {self.workers}")
+        if self.data_mode == "stream" and self.dataset != "folder":
+            raise ValueError(f"data_mode stream reads image files (--dataset folder); {self.dataset} is read into "
+                             "memory whole")
         for k, lo, hi, lo_open, hi_open in (
                 ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
                 ("body_lr_scale", 0, None, False, False), ("train_fraction", 0, 1, True, False),

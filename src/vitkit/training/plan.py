@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits, default_cache_dir, load_dataset
+from ..data.stream import choose_workers
 from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
@@ -154,7 +155,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                     "(128 otherwise; --folder-max-side N to choose)")
             data = load_dataset("folder", probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
-                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args))
+                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
+                                mode=probe.get("data_mode", "auto"), say=say)
             name = "finetune" if init else choose_recipe(data)
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
@@ -273,7 +275,7 @@ class StepProbe:
 
     def __init__(self, cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device,
                  augment: BatchAugment) -> None:
-        self.cfg, self.model, self.device = cfg, model, device
+        self.cfg, self.model, self.device, self.augment = cfg, model, device, augment
         self.n, self.n_train = min(cfg.batch_size, len(data.train)), len(data.train)
         rng = torch.get_rng_state()
         x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
@@ -282,6 +284,13 @@ class StepProbe:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
 
     def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
+        step = self.make_fed(s, compiled, augment=False)
+        return lambda: step(self.x, self.target)
+
+    def make_fed(self, s: dict[str, Any], compiled: bool = False, augment: bool = True
+                 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
+        ``augment``): for timing the data pipeline with the step it feeds."""
         m = copy.deepcopy(self.model).train()
         apply_layout(m, s["attention"], s["channels_last"])
         cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
@@ -290,9 +299,11 @@ class StepProbe:
             freeze_body(m)
         opt = build_optimizer(m, cfg)
         fwd = torch.compile(m) if compiled else m
-        x, target, criterion, device, precision = self.x, self.target, self.criterion, self.device, s["precision"]
+        criterion, device, precision, aug = self.criterion, self.device, s["precision"], self.augment
 
-        def step() -> None:
+        def step(x: torch.Tensor, target: torch.Tensor) -> None:
+            if augment:
+                x, target = aug(x, target, train=True)
             with matmul_precision(precision):
                 with autocast_for(device, precision):
                     loss = criterion(fwd(x), target)
@@ -331,6 +342,8 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "")
+        if data.streamed:
+            cfg = _decide_workers(cfg, data, device, p)
     if world > 1:
         cfg = _from_rank0(cfg, p, device)
     if threads_note:
@@ -396,6 +409,25 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
         check_budget(cfg.time_limit, time.time() - start_time, step_s * cfg.batch_size / probe.n * cfg.grad_accum,
                      cfg.batch_size, len(data.train), len(data.val))
+    return cfg
+
+
+def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan) -> TrainConfig:
+    """A streamed dataset: how many DataLoader workers decode while the run's step trains (stream.choose_workers:
+    the pipeline timed with each count, on the chosen settings' eager step), unless ``--workers`` said."""
+    if cfg.workers is not None:
+        p.notes.append(f"data: {data.how}, {cfg.workers} workers (--workers)")
+    else:
+        probe = _probe(cfg, data, device)
+        chosen = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
+        chosen = {k: ("fp32" if k == "precision" else "sdpa" if k == "attention" else False) if v == "auto" else v
+                  for k, v in chosen.items()}
+        w, rates = choose_workers(data.with_train_fraction(cfg.train_fraction).train, probe.n,
+                                  probe.make_fed(chosen), device)
+        p.notes.append(f"data: {data.how}; workers " + ", ".join(f"{k} {v:,.0f} img/s" for k, v in rates.items())
+                       + f" (decoding while the step trains) -> {w}")
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
+    p.chosen["workers"] = cfg.workers
     return cfg
 
 

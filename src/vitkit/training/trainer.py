@@ -72,6 +72,8 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.rank)
         self.data = resident(self.data.with_train_fraction(cfg.train_fraction), self.device,
                              log if self.is_main else lambda s: None)
+        if self.data.streamed:  # read from the files by the workers the planner chose
+            self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
         self._build()
         self.train_model = model_for_training(self.model, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
@@ -333,6 +335,10 @@ class Trainer:
             row.update(val_loss=round(metrics["loss"], 5), val_top1=round(metrics["top1"], 3),
                        val_top5=round(metrics["top5"], 3))
             said += f" val_loss {metrics['loss']:.4f} val_top1 {metrics['top1']:.2f}%"
+        skipped = getattr(self.data.train, "skipped_in_training", 0) + getattr(self.data.val, "skipped_in_training", 0)
+        if skipped:  # listed, then did not decode in a worker (--skip-bad-images): counted, as the run goes
+            row["skipped_images"] = skipped
+            said += f", {skipped} image{'s' if skipped != 1 else ''} that did not decode skipped"
         row["elapsed_s"] = round(self.elapsed(), 2)
         self.runlog.epoch(row)
         if self.is_main:

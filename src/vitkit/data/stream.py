@@ -1,0 +1,283 @@
+"""Images read from their files as training goes, for a folder (or zip) larger than the memory a process may use.
+
+The in-memory path (folder.py) decodes every image once and cuts batches from one uint8 tensor. Streaming gives the
+trainer the same thing batch by batch: DataLoader worker processes read and decode the files a batch names, each
+image prepared exactly as the in-memory path prepares it (the same decode, size and channels), and the batch then
+goes through the same augmentation on the device. So a streamed run trains on the same pixels, in the same order
+(the sampler's indices), as an in-memory run, resumes mid-epoch at the same batch, and under torchrun each rank
+reads its own part of each epoch. Memory is bounded by the batches in flight, not by the dataset.
+
+The files are listed once and their headers read once (sizes, gray or colour), cached beside the decoded datasets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import time
+import zipfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..model.serialization import atomic_write
+from .images import BadImageError, decode_within, fit_within, is_gray, resize_and_crop, to_array
+
+PREFETCH = 4  # batches each worker keeps ready: enough to hide a slow file, bounded memory
+WORKER_TIMEOUT_S = 600  # a worker silent this long (a hung network mount) is an error, not a hang
+STATS_SAMPLE = 512  # images decoded for the dataset's mean and std (the in-memory path uses up to 20,000)
+
+
+@dataclasses.dataclass
+class Prepare:
+    """How every image of a folder is turned into the uint8 (C, H, W) array the model's batches are cut from: the
+    same function for the in-memory decode and for the streaming workers."""
+
+    size: tuple[int, int] | None  # (H, W) every image is resized to (None: decided from the images, in memory)
+    max_side: int  # decoded no larger than this on its longer side (JPEG DCT scaling)
+    crop: dict[str, Any] | None  # pretrained weights' resize + centre crop (images.crop_spec), or None
+
+    def decode(self, data: bytes, where: str) -> tuple[Image.Image, tuple[int, int]]:
+        """The image as read (cropped for ``crop``) and its full size (H, W)."""
+        side = self.max_side if self.crop else max(self.size) if self.size else self.max_side
+        img, full = decode_within(data, where, max_side=side)
+        if self.crop is not None:  # the gray test needs the image as stored; the crop keeps the channel count
+            img = resize_and_crop(self.crop, 1 if is_gray(img) else 3)(img)
+        return img, full
+
+    def array(self, data: bytes, where: str, channels: int) -> np.ndarray:
+        return to_array(self.decode(data, where)[0], channels, self.size)
+
+
+class Reader:
+    """Reads members of a folder or zip; a zip is opened again in each process (a file handle shared with forked
+    DataLoader workers would interleave their reads)."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path, self.max_bytes = path, max_bytes
+        self.is_zip = path.is_file()
+        self._zip: zipfile.ZipFile | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_zip": None, "_pid": -1}
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.is_zip else str(self.path / name)
+
+    def read(self, name: str) -> bytes:
+        """The file's bytes; a file too large to be an image or that cannot be read is a BadImageError naming it."""
+        try:
+            if self.is_zip:
+                if self._pid != os.getpid():
+                    self._zip, self._pid = zipfile.ZipFile(self.path), os.getpid()
+                size = self._zip.getinfo(name).file_size
+            else:
+                size = (self.path / name).stat().st_size
+            if size > self.max_bytes:  # known before a byte is inflated: a zip bomb is refused at once
+                raise BadImageError(self.where(name), f"{size:,} bytes, more than the {self.max_bytes:,} an image "
+                                                      "file may have")
+            return self._zip.read(name) if self._zip is not None else (self.path / name).read_bytes()
+        except (OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
+            raise BadImageError(self.where(name), f"cannot read it ({type(e).__name__}: {e})") from None
+
+
+# ------------------------------------------------------------------------------------------ the listing
+@dataclasses.dataclass
+class Listing:
+    """A folder's images, by split: stored names and class indices in the in-memory path's order, every image's
+    full size (H, W) and whether all are gray; read from headers alone (no pixel decoded)."""
+
+    names: dict[str, list[str]]
+    labels: dict[str, list[int]]
+    sizes: dict[str, int]  # "HxW" -> count, over every split
+    gray: bool
+    skipped: list[str]  # files whose header did not read (--skip-bad-images)
+
+    def common_size(self) -> tuple[int, int]:
+        h, w = max(self.sizes.items(), key=lambda kv: kv[1])[0].split("x")
+        return int(h), int(w)
+
+
+def header(data: bytes, where: str) -> tuple[tuple[int, int], bool]:
+    """((H, W) after EXIF rotation, gray) from a file's header; a palette image is decoded to tell gray."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            rotated = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+            hw = (im.width, im.height) if rotated else (im.height, im.width)
+            return hw, is_gray(im)
+    except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a file that is not an image
+        raise BadImageError(where, f"not an image PIL can read ({type(e).__name__}: {e})") from None
+
+
+def list_images(reader: Reader, items: dict[str, list[tuple[str, int]]], fingerprint: str, skip_bad: bool,
+                cache_dir: str | None, progress: Callable | None = None) -> Listing:
+    """Every image's header, read once and cached under the folder's fingerprint (a changed file reads again)."""
+    key = hashlib.sha256(f"{fingerprint}|{skip_bad}".encode()).hexdigest()[:24]
+    cache = Path(cache_dir) / f"listing-{key}.json" if cache_dir else None
+    if cache is not None and cache.is_file():
+        try:
+            return Listing(**json.loads(cache.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable: listed again and rewritten
+    names: dict[str, list[str]] = {}
+    labels: dict[str, list[int]] = {}
+    sizes: Counter = Counter()
+    gray, skipped = True, []
+    for split, lst in items.items():
+        names[split], labels[split] = [], []
+        for n, ci in (progress(lst, desc=f"listing {split}") if progress else lst):
+            try:
+                hw, g = header(reader.read(n), reader.where(n))
+            except BadImageError:
+                if not skip_bad:
+                    raise
+                skipped.append(n)
+                continue
+            names[split].append(n)
+            labels[split].append(ci)
+            sizes[f"{hw[0]}x{hw[1]}"] += 1
+            gray = gray and g
+    out = Listing(names, labels, dict(sizes), gray, skipped)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, lambda p: p.write_text(json.dumps(dataclasses.asdict(out))))
+    return out
+
+
+def kept_size(listing: Listing, prep: Prepare) -> tuple[int, int]:
+    """The (H, W) every image is kept at: the crop's, the given size, else the most common size within max_side
+    (the in-memory path's rule)."""
+    if prep.crop is not None:
+        return tuple(prep.crop["img_size"])  # type: ignore[return-value]
+    if prep.size is not None:
+        return prep.size
+    common = listing.common_size()
+    return fit_within(common, prep.max_side) or common
+
+
+# ------------------------------------------------------------------------------------------ the streamed split
+class StreamedImages(torch.utils.data.Dataset):
+    """One split read from its files: ``len``, ``labels`` and ``shape`` as an in-memory ``ImageTensors`` has, and
+    ``batches`` cut by DataLoader workers. ``workers`` is set by the planner (measured) or by ``--workers``."""
+
+    def __init__(self, reader: Reader, names: list[str], labels: torch.Tensor, prep: Prepare, channels: int,
+                 skip_bad: bool, workers: int = 1) -> None:
+        self.reader, self.names, self.labels, self.prep = reader, list(names), labels, prep
+        self.channels, self.skip_bad, self.workers = channels, skip_bad, workers
+        self.undecodable: set[str] = set()  # listed, then did not decode in a worker (--skip-bad-images)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def skipped_in_training(self) -> int:
+        return len(self.undecodable)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        h, w = self.prep.size  # type: ignore[misc]
+        return len(self.names), self.channels, h, w
+
+    def subset(self, idx: torch.Tensor) -> "StreamedImages":
+        return StreamedImages(self.reader, [self.names[i] for i in idx.tolist()], self.labels[idx], self.prep,
+                              self.channels, self.skip_bad, self.workers)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor | None, int, str]:
+        """(image or None, label, why it did not decode): a bad file is reported by the main process, in one line,
+        instead of as a worker's traceback."""
+        name = self.names[i]
+        try:
+            a = self.prep.array(self.reader.read(name), self.reader.where(name), self.channels)
+        except BadImageError as e:
+            return None, int(self.labels[i]), str(e)
+        return torch.from_numpy(a if a.flags.writeable else a.copy()), int(self.labels[i]), ""
+
+    def stats_sample(self) -> torch.Tensor:
+        """Up to STATS_SAMPLE images spread over the split, for the mean and std."""
+        idx = list(range(0, len(self), max(1, len(self) // STATS_SAMPLE)))[:STATS_SAMPLE]
+        return torch.cat([x for x, _ in self.batches(idx, 64, False, torch.device("cpu"))])
+
+    def loader(self, chunks: list[list[int]], device: torch.device, workers: int | None = None
+               ) -> torch.utils.data.DataLoader:
+        w = self.workers if workers is None else workers
+        return torch.utils.data.DataLoader(self, batch_sampler=chunks, num_workers=w, collate_fn=_collate,
+                                           pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if w else None,
+                                           timeout=WORKER_TIMEOUT_S if w else 0)
+
+    def batches(self, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool, device: torch.device,
+                workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(uint8 images, labels) on ``device`` for consecutive chunks of ``indices``, decoded by the workers."""
+        idx = torch.as_tensor(indices, dtype=torch.int64).tolist()
+        n = len(idx) - (len(idx) % batch_size if drop_last else 0)
+        chunks = [idx[i:i + batch_size] for i in range(0, n, batch_size)]
+        if not chunks:
+            return
+        try:
+            for x, y, bad in self.loader(chunks, device, workers):
+                if bad:
+                    if not self.skip_bad:
+                        raise ValueError(f"{bad[0]} (while streaming; --skip-bad-images passes over such files)")
+                    self.undecodable.update(bad)
+                    if x is None:
+                        continue
+                yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        except RuntimeError as e:
+            if "DataLoader" not in str(e):
+                raise
+            raise ValueError(f"reading {self.reader.path}: {' '.join(str(e).split())[:300]} (a data worker killed "
+                             "for memory: fewer --workers, a smaller --batch-size)") from None
+
+
+def _collate(items: list[tuple[torch.Tensor | None, int, str]]
+             ) -> tuple[torch.Tensor | None, torch.Tensor, list[str]]:
+    good = [(x, y) for x, y, _ in items if x is not None]
+    bad = [why for x, _, why in items if x is None]
+    if not good:
+        return None, torch.empty(0, dtype=torch.int64), bad
+    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.int64), bad
+
+
+# ------------------------------------------------------------------------------------------ how many workers
+def worker_candidates(cores: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to the cores this process may run on (at least 2: one decodes while one waits on a file)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    out, w = [], 1
+    while w <= max(2, cores):
+        out.append(w)
+        w *= 2
+    return out
+
+
+def choose_workers(data: StreamedImages, batch_size: int, step: Callable[[torch.Tensor, torch.Tensor], None],
+                   device: torch.device, candidates: list[int] | None = None, batches_each: int = 8,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[int, dict[int, float]]:
+    """The worker count whose pipeline (workers decoding while the run's step trains) gives the most images per
+    second, measured on the run's own step and files: the fewest within 5% of the fastest (each worker takes
+    memory and, on a small machine, cores the step would use). A pipeline is timed in steady state: after the
+    workers have started and filled their queues once."""
+    candidates = candidates or worker_candidates()
+    n = len(data)
+    rates: dict[int, float] = {}
+    for w in candidates:
+        warm = w + 1  # the workers' start, outside the timing
+        need = warm + batches_each
+        idx = [i % n for i in range(need * batch_size)]
+        it = iter(data.batches(idx, batch_size, True, device, workers=w))
+        for _ in range(warm):
+            x, y = next(it)
+            step(x, y)
+        t0 = clock()
+        seen = 0
+        for x, y in it:
+            step(x, y)
+            seen += len(y)
+        rates[w] = seen / max(clock() - t0, 1e-9)
+    best = max(rates.values())
+    return min(w for w, r in rates.items() if r >= 0.95 * best), rates
