@@ -50,7 +50,7 @@ def _sample_images(args, model, pre, n: int):  # type: ignore[no-untyped-def]
         raise ValueError(f"{data.name} has {data.in_chans}-channel images; the model expects {model.config.in_chans}")
     g = torch.Generator().manual_seed(0)
     idx = torch.randperm(len(data.val), generator=g)[:n]
-    raw = data.val.images[idx]
+    raw = data.val.take(idx)
     return normalizer(pre, model.config).normalize(raw), raw[0].numpy()
 
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
     "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "
                                "patch size"),
+    "shard": ("shard_cmd", "write a folder or zip of images as WebDataset shards (--dataset shards reads them)"),
     "calibrate": ("calibrate", "time the candidates for every `auto` setting on this machine, print the plan, refresh "
                                "the cache"),
     "bench": ("bench", "throughput against timm / Hugging Face / torchvision, and the machine's ceiling"),

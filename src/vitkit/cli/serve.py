@@ -47,7 +47,7 @@ def _examples(args: argparse.Namespace, names: list[str], n: int):  # type: igno
     for c in range(min(n, data.num_classes)):
         idx = (data.val.labels == c).nonzero()
         if len(idx):
-            a = data.val.images[int(idx[0])].numpy()
+            a = data.val.take([int(idx[0])])[0].numpy()
             im = Image.fromarray(a[0] if a.shape[0] == 1 else np.transpose(a, (1, 2, 0)))
             out.append((names[c] if c < len(names) else str(c), im))
     return out

@@ -15,10 +15,13 @@ import torch
 import torchvision
 
 from .folder import load_folder_splits
+from .hf import load_hf_splits
+from .shards import load_shard_splits
 from .images import to_array
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "fake")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "shards", "hf", "fake")
+FILE_DATASETS = ("folder", "shards", "hf")  # images read from their files: in memory where they fit, else streamed
 FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -151,6 +154,15 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
                              "val/<class>/* or test/<class>/*)")
         return load_folder_splits(data_dir, skip_bad_images, cache_dir=cache_dir, progress=progress,
                                   max_side=max_side, crop=crop, mode=mode, say=say)
+    if name == "shards":
+        if not data_dir:
+            raise ValueError("--dataset shards needs --data-dir DIR (WebDataset shards train-*.tar and val-*.tar, "
+                             "as `vitkit shard` writes them)")
+        return load_shard_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say)
+    if name == "hf":
+        if not data_dir:
+            raise ValueError("--dataset hf needs --data-dir PATH: a save_to_disk folder, parquet files, or a Hub id")
+        return load_hf_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say)
     if name == "fake":
         return load_fake_splits()
     raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")

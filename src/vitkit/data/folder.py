@@ -137,17 +137,16 @@ FIRST_DECODE_PEAK = 3.6  # peak memory of a first decode over its decoded size: 
 # decoded, peaked at 6.73 GB RSS (the decoded images, their stacked copy, the cache written); a cached one ~1.1x
 
 
-def estimate_decoded(src: _Source, splits: tuple[str, ...], size: tuple[int, int] | None, max_side: int,
+def estimate_decoded(reader: Reader, names: list[str], size: tuple[int, int] | None, max_side: int,
                      crop: dict[str, Any] | None, sample: int = 256) -> tuple[int, tuple[int, int], int]:
-    """(images, (H, W) kept, channels) of a folder before decoding it, from the headers of up to ``sample`` files
-    spread over it (PIL reads a header without decoding the pixels)."""
-    names = [n for s in splits for c in sorted(src.files.get(s, {})) for n in src.files[s][c]]
+    """(images, (H, W) kept, channels) of ``names`` before decoding them, from the headers of up to ``sample`` files
+    spread over them (PIL reads a header without decoding the pixels)."""
     step = max(1, len(names) // sample)
     sizes: Counter = Counter()
     gray = True
     for n in names[::step][:sample]:
         try:
-            with Image.open(io.BytesIO(src.read(n))) as im:
+            with Image.open(io.BytesIO(reader.read(n))) as im:
                 sizes[(im.height, im.width)] += 1
                 gray = gray and im.mode in ("1", "L", "LA", "I", "I;16", "F")
         except Exception:  # noqa: BLE001 - a bad file is named when it is decoded; here it only counts for less
@@ -198,19 +197,9 @@ def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels
                          "give the process more memory")
 
 
-def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
-                       cache_dir: str | None = None, progress: Callable | None = None,
-                       max_side: int = 128, crop: dict[str, Any] | None = None, mode: str = "auto",
-                       say: Callable[[str], None] | None = None) -> DataSplits:
-    """An ImageFolder tree (or a zip of one) as uint8 images all at one size (``size``, else the most common size,
-    scaled down to at most ``max_side`` pixels): decoded into memory (cached under ``cache_dir`` by fingerprint), or
-    streamed from the files (``mode``: ``auto`` streams what would not fit in the memory this process may use).
-
-    ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) prepares every image as predict and
-    serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
-    if mode not in DATA_MODES:
-        raise ValueError(f"data_mode must be one of {DATA_MODES}, got {mode!r}")
-    say = say or (lambda s: None)
+def folder_items(path: str) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
+    """A folder's (or zip's) layout checked: the source, its classes, and split -> [(stored name, class index)]
+    (train first, then val/ or test/)."""
     src = _Source(Path(path))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
@@ -228,16 +217,44 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
         only_v = sorted(set(src.dirs[val_split]) - set(classes))
         raise ValueError(f"{path}: classes differ between train/ and {val_split}/: only in train {only_t}, "
                          f"only in {val_split} {only_v}")
+    items = {s: [(src.names[n], ci) for ci, c in enumerate(classes) for n in src.files[s][c]]
+             for s in ("train", val_split)}
+    return src, classes, items
+
+
+def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
+                       cache_dir: str | None = None, progress: Callable | None = None,
+                       max_side: int = 128, crop: dict[str, Any] | None = None, mode: str = "auto",
+                       say: Callable[[str], None] | None = None) -> DataSplits:
+    """An ImageFolder tree (or a zip of one) as uint8 images all at one size (``size``, else the most common size,
+    scaled down to at most ``max_side`` pixels): decoded into memory (cached under ``cache_dir`` by fingerprint), or
+    streamed from the files (``mode``: ``auto`` streams what would not fit in the memory this process may use).
+
+    ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) prepares every image as predict and
+    serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
+    src, classes, items = folder_items(path)
+    return load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
+                       progress, max_side, crop, mode, say)
+
+
+def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
+                fingerprint: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
+                cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
+                crop: dict[str, Any] | None = None, mode: str = "auto",
+                say: Callable[[str], None] | None = None) -> DataSplits:
+    """The images ``items`` names (split -> [(name, class index)], train first), ``reader`` reads (a folder, a zip,
+    WebDataset shards, a Hugging Face dataset): decoded into memory, or streamed, as ``mode`` says or (``auto``) the
+    memory this process may use allows. ``fingerprint`` changes whenever any image does (the caches' key)."""
+    if mode not in DATA_MODES:
+        raise ValueError(f"data_mode must be one of {DATA_MODES}, got {mode!r}")
+    say = say or (lambda s: None)
     if crop is not None:
         size, max_side = tuple(crop["img_size"]), crop_decode_side(crop)
     prep = Prepare(tuple(size) if size else None, max_side, crop)
-    items = {s: [(src.names[n], ci) for ci, c in enumerate(classes) for n in src.files[s][c]]
-             for s in ("train", val_split)}
-    fingerprint = src.fingerprint()
     key = hashlib.sha256(f"{fingerprint}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    estimate = estimate_decoded(src, ("train", val_split), size, max_side, crop)
+    estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], size, max_side, crop)
     cached = cache is not None and cache.is_file()  # decoded before: read back at ~1.1x its size
     if mode == "memory":
         check_fits_in_memory(path, *estimate, first=not cached)
@@ -249,29 +266,28 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     if mode == "memory" and cached and (hit := load_cached(cache, "classes", "skipped")) is not None:
         return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     if mode == "stream":
-        return _streamed(path, src, items, val_split, classes, prep, fingerprint, skip_bad_images, cache_dir,
-                         progress)
-    return _decoded(path, src, items, val_split, classes, prep, skip_bad_images, cache, progress)
+        return _streamed(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, progress)
+    return _decoded(path, reader, items, classes, prep, skip_bad_images, cache, progress)
 
 
-def _streamed(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], val_split: str, classes: list[str],
+def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
               prep: Prepare, fingerprint: str, skip_bad_images: bool, cache_dir: str | None,
               progress: Callable | None) -> DataSplits:
     """The splits read from their files as the run goes (data/stream.py), each image prepared as ``_decoded``
     prepares it: the same size and channels, decided from every file's header."""
-    listing: Listing = list_images(src.reader, items, fingerprint, skip_bad_images, cache_dir, progress)
-    if not listing.names["train"] and not listing.names[val_split]:
+    listing: Listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
+    if not any(listing.names.values()):
         raise ValueError(f"{path}: no decodable images")
     prep = Prepare(kept_size(listing, prep), prep.max_side, prep.crop)
     channels = 1 if listing.gray else 3
-    splits = [StreamedImages(src.reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
-                             channels, skip_bad_images) for s in ("train", val_split)]
+    splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
+                             channels, skip_bad_images) for s in items]
     h, w = prep.size  # type: ignore[misc]
     return DataSplits(f"folder:{path}", splits[0], splits[1], classes, len(listing.skipped),
                       how=f"streamed from the files at {h}x{w}x{channels}")
 
 
-def _decoded(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], val_split: str, classes: list[str],
+def _decoded(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
              prep: Prepare, skip_bad_images: bool, cache: Path | None, progress: Callable | None) -> DataSplits:
     """Every image decoded into one uint8 tensor per split, kept in ``cache``."""
     decoded: dict[str, list] = {}
@@ -281,7 +297,7 @@ def _decoded(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], v
         imgs = []
         for n, ci in (progress(lst, desc=f"decoding {s}") if progress else lst):
             try:  # each image shrunk to fit max_side as it is read: memory is bounded by the result's size
-                img, full = prep.decode(src.reader.read(n), src.where(n))
+                img, full = prep.decode(reader.read(n), reader.where(n))
             except BadImageError:
                 if not skip_bad_images:
                     raise
@@ -290,7 +306,7 @@ def _decoded(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], v
             imgs.append((img, ci))
             full_sizes[full] += 1
         decoded[s] = imgs
-    every = decoded["train"] + decoded[val_split]
+    every = [im for lst in decoded.values() for im in lst]
     if not every:
         raise ValueError(f"{path}: no decodable images")
     channels = 1 if all(is_gray(im) for im, _ in every) else 3
@@ -299,7 +315,7 @@ def _decoded(path: str, src: _Source, items: dict[str, list[tuple[str, int]]], v
         size = full_sizes.most_common(1)[0][0]
         size = fit_within(size, prep.max_side) or size  # large photos are kept at a training-friendly size
     tensors = []
-    for s in ("train", val_split):
+    for s in items:
         x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))
         y = torch.tensor([ci for _, ci in decoded[s]], dtype=torch.int64)
         tensors.append(ImageTensors(x, y))

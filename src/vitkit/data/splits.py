@@ -34,6 +34,10 @@ class ImageTensors:
     def subset(self, idx: torch.Tensor) -> "ImageTensors":
         return ImageTensors(self.images[idx], self.labels[idx])
 
+    def take(self, idx: list[int] | torch.Tensor) -> torch.Tensor:
+        """The uint8 images at ``idx``."""
+        return self.images[torch.as_tensor(idx, dtype=torch.int64)]
+
     def stats_sample(self) -> torch.Tensor:
         return self.images[:20000]
 

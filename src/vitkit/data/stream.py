@@ -199,10 +199,13 @@ class StreamedImages(torch.utils.data.Dataset):
             return None, int(self.labels[i]), str(e)
         return torch.from_numpy(a if a.flags.writeable else a.copy()), int(self.labels[i]), ""
 
+    def take(self, idx: list[int] | torch.Tensor) -> torch.Tensor:
+        """The uint8 images at ``idx``, decoded now."""
+        return torch.cat([x for x, _ in self.batches(idx, 64, False, torch.device("cpu"))])
+
     def stats_sample(self) -> torch.Tensor:
         """Up to STATS_SAMPLE images spread over the split, for the mean and std."""
-        idx = list(range(0, len(self), max(1, len(self) // STATS_SAMPLE)))[:STATS_SAMPLE]
-        return torch.cat([x for x, _ in self.batches(idx, 64, False, torch.device("cpu"))])
+        return self.take(list(range(0, len(self), max(1, len(self) // STATS_SAMPLE)))[:STATS_SAMPLE])
 
     def loader(self, chunks: list[list[int]], device: torch.device, workers: int | None = None
                ) -> torch.utils.data.DataLoader:

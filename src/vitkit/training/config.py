@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..data.datasets import DATASETS
+from ..data.datasets import DATASETS, FILE_DATASETS
 from ..data.folder import DATA_MODES
 from ..model.config import ViTConfig
 from ..model.fields import check_keys, check_range, coerce_fields
@@ -117,9 +117,9 @@ class TrainConfig:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be 0 (read in the training process) or more, got {self.workers}")
-        if self.data_mode == "stream" and self.dataset != "folder":
-            raise ValueError(f"data_mode stream reads image files (--dataset folder); {self.dataset} is read into "
-                             "memory whole")
+        if self.data_mode == "stream" and self.dataset not in FILE_DATASETS:
+            raise ValueError(f"data_mode stream reads image files (--dataset {' or '.join(FILE_DATASETS)}); "
+                             f"{self.dataset} is read into memory whole")
         for k, lo, hi, lo_open, hi_open in (
                 ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
                 ("body_lr_scale", 0, None, False, False), ("train_fraction", 0, 1, True, False),

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
-from ..data.datasets import DataSplits, default_cache_dir, load_dataset
+from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_dataset
 from ..data.stream import choose_workers
 from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
@@ -144,7 +144,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
             size = src.model_args.get("img_size") or init_image_size(init)
             merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
-        if dataset == "folder":
+        if dataset in FILE_DATASETS:
             probe = {**file_cfg, **given}
             wanted = src.model_args.get("img_size") or file_cfg.get("model_args", {}).get("img_size")
             if "folder_max_side" in probe:  # the user's own
@@ -153,7 +153,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 merged["folder_max_side"] = max(to_2tuple(wanted))
                 say(f"photos kept at up to {merged['folder_max_side']} px a side, the --img-size the model reads "
                     "(128 otherwise; --folder-max-side N to choose)")
-            data = load_dataset("folder", probe.get("data_dir"), False, probe.get("skip_bad_images", False),
+            data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
                                 max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
                                 mode=probe.get("data_mode", "auto"), say=say)
@@ -169,7 +169,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 say(f"--init {init}: the file carries no preprocessing, so images are standardised with the "
                     "dataset's own mean and std; for weights published with theirs (and a resize + crop), `vitkit "
                     f"import {init} --preprocessing NAME.TAG --out DIR`, then --init DIR")
-            crop = init_crop(init, src.model_args) if dataset == "folder" else None
+            crop = init_crop(init, src.model_args) if dataset in FILE_DATASETS else None
             if crop:
                 h, w = crop["img_size"]
                 say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
