@@ -122,12 +122,19 @@ def test_a_bad_shard_is_one_line_naming_the_shard_and_member(tmp_path, capsys, c
 
 
 def test_an_image_cut_short_inside_a_shard_is_named_in_a_worker(tmp_path):
-    root = _tar_shards(tmp_path / "s", {"train": _samples(8), "val": _samples(4)})
+    import numpy as np
+    from PIL import Image
+
+    train = _samples(8)
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16), np.uint8)).save(buf, "PNG")
+    train[5]["png"] = buf.getvalue()  # noise: a PNG of a few hundred bytes, most of them pixels
+    root = _tar_shards(tmp_path / "s", {"train": train, "val": _samples(4)})
     with tarfile.open(root / "train-000000.tar") as tf:
         m = next(m for m in tf.getmembers() if m.name == "s0005.png")
     shard = root / "train-000000.tar"
     data = bytearray(shard.read_bytes())
-    data[m.offset_data + 20: m.offset_data + m.size] = bytes(m.size - 20)  # the pixels zeroed: PNG's CRC fails
+    data[m.offset_data + 60: m.offset_data + m.size] = bytes(m.size - 60)  # the pixels zeroed: the header reads
     shard.write_bytes(bytes(data))
     sh = load_shard_splits(str(root), cache_dir=str(tmp_path / "c"), mode="stream")
     sh.train.workers = 1

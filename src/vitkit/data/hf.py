@@ -43,6 +43,8 @@ def open_dataset(path: str, cache_dir: str | None = None) -> Any:
             return ds.load_dataset("parquet", data_files=files, cache_dir=cache_dir)
         if p.exists():
             raise ValueError(f"{path}: not a save_to_disk folder, a parquet file or a folder of parquet files")
+        if path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a Hub id is NAME or OWNER/NAME
+            raise FileNotFoundError(f"{path}: no such folder or file (a Hub id is NAME or OWNER/NAME)")
         return ds.load_dataset(path, cache_dir=cache_dir)
     except (ValueError, FileNotFoundError):
         raise

@@ -121,6 +121,11 @@ def index_shard(shard: Path, root: Path, skip_bad: bool) -> tuple[list[tuple[str
                     samples[key][LABEL_KEY] = (f.read(64) if f else b"", m.name)
                 elif ext in IMAGE_KEYS and "image" not in samples[key]:
                     samples[key]["image"] = (m.offset_data, m.size, m.name)
+            end = tf.offset  # past the last member: a whole tar has its end-of-archive blocks (1,024 zeros) here
+        with open(shard, "rb") as f:
+            f.seek(end)
+            if f.read(1024) != bytes(1024):  # Python's tarfile stops quietly at a header cut short
+                raise tarfile.ReadError(f"no end-of-archive marker after byte {end:,}")
     except (tarfile.TarError, EOFError, OSError) as e:
         what = f"not a readable tar shard, or cut short after {len(order)} samples ({type(e).__name__}: {e})"
         bad(what)

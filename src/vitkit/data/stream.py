@@ -109,7 +109,13 @@ def header(data: bytes, where: str) -> tuple[tuple[int, int], bool]:
     """((H, W) after EXIF rotation, gray) from a file's header; a palette image is decoded to tell gray."""
     try:
         with Image.open(io.BytesIO(data)) as im:
-            rotated = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+            if im.format == "PNG":  # PIL's getexif() decodes a whole PNG to look for a late eXIf chunk
+                exif = Image.Exif()
+                if im.info.get("exif"):
+                    exif.load(im.info["exif"])
+            else:
+                exif = im.getexif()  # JPEG, WebP, TIFF: from the header
+            rotated = exif.get(0x0112, 1) in (5, 6, 7, 8)
             hw = (im.width, im.height) if rotated else (im.height, im.width)
             return hw, is_gray(im)
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a file that is not an image
