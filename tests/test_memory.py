@@ -55,16 +55,17 @@ def test_the_cgroup_limit_is_what_a_process_may_use_not_the_hosts_free_memory(tm
 
 def test_a_folder_that_would_not_fit_is_refused_before_decoding(tmp_path, monkeypatch, capsys):
     import vitkit.data.folder as folder
+    import vitkit.data.stream as stream
 
     root = write_digits_folder(tmp_path / "d", per_class=8, size=64)
-    monkeypatch.setattr(folder, "available_memory", lambda: Memory(2 * 2**20, int(1.5 * GIB), "cgroup v1 limit"))
+    monkeypatch.setattr(folder, "available_memory", lambda: Memory(2**19, int(1.5 * GIB), "cgroup v1 limit"))
     decoded = []
-    monkeypatch.setattr(folder, "decode_within", lambda *a, **k: decoded.append(1))
-    assert main(["train", "--dataset", "folder", "--data-dir", str(root), "--epochs", "1",
+    monkeypatch.setattr(stream, "decode_within", lambda *a, **k: decoded.append(1))
+    assert main(["train", "--dataset", "folder", "--data-dir", str(root), "--epochs", "1", "--data-mode", "memory",
                  "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "160 images kept at 64x64x1 are 0.00 GiB decoded" in err and "nothing was decoded" in err
-    assert "2.0 MiB" not in err and "GiB left of a 1.5 GiB cgroup v1 limit" in err
+    assert "0.5 MiB" not in err and "GiB left of a 1.5 GiB cgroup v1 limit" in err
     assert not decoded and not list((tmp_path / "cache").glob("folder-*"))
 
 
@@ -83,8 +84,8 @@ CGROUP = Path("/sys/fs/cgroup/memory")
 
 @pytest.mark.skipif(not os.access(CGROUP, os.W_OK), reason="no writable cgroup-v1 memory controller")
 def test_under_a_real_container_memory_limit_the_folder_streams_and_memory_mode_is_refused(tmp_path):
-    """A real cgroup-v1 limit of 1 GiB, as a container sets it, on a folder of 6,000 photos of 128x96 (212 MiB decoded,
-    ~760 MiB at a first decode's peak, beside the ~600 MiB of Python, torch and vitkit): killed by the kernel at
+    """A real cgroup-v1 limit of 1 GiB, as a container sets it, on a folder of 16,000 photos of 128x128 (750 MiB
+    decoded, 825 MiB at the decode's peak, beside the ~600 MiB of Python, torch and vitkit): killed by the kernel at
     "decoding train" (exit 137, no message) before any check; since, ``auto`` streams it from the files and trains
     within the limit, and a forced ``--data-mode memory`` is one line naming the sizes."""
     group = CGROUP / f"vitkit-test-{uuid.uuid4().hex[:8]}"
@@ -95,8 +96,8 @@ def test_under_a_real_container_memory_limit_the_folder_streams_and_memory_mode_
         pytest.skip(f"cannot make a memory cgroup here: {e}")
     try:
         rng = np.random.default_rng(0)
-        tile = [Image.fromarray(rng.integers(0, 255, (96, 128, 3), np.uint8)) for _ in range(8)]
-        for split, per_class in (("train", 500), ("val", 100)):
+        tile = [Image.fromarray(rng.integers(0, 255, (128, 128, 3), np.uint8)) for _ in range(8)]
+        for split, per_class in (("train", 1400), ("val", 200)):
             for c in range(10):
                 d = tmp_path / "photos" / split / str(c)
                 d.mkdir(parents=True)

@@ -85,7 +85,7 @@ def test_a_zip_streams_with_workers_as_it_decodes(tmp_path):
 def test_auto_streams_what_would_not_fit_and_memory_is_refused_with_the_sizes(tmp_path, monkeypatch):
     root = write_digits_folder(tmp_path / "d", per_class=8, size=64)  # 160 images, 64x64x1: 0.6 MiB decoded
     said = []
-    monkeypatch.setattr(folder, "available_memory", lambda: Memory(2 * 2**20, int(1.5 * GIB), "cgroup v1 limit"))
+    monkeypatch.setattr(folder, "available_memory", lambda: Memory(2**19, int(1.5 * GIB), "cgroup v1 limit"))
     data = load_folder_splits(str(root), cache_dir=str(tmp_path / "c"), say=said.append)
     assert data.streamed
     assert "160 images kept at 64x64x1 are 0.00 GiB decoded" in said[0] and "streamed from the files" in said[0]

@@ -14,14 +14,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from PIL import Image
 
 from ..runtime.memory import available_memory
-from .images import BadImageError, crop_decode_side, fit_within, is_gray, to_array
+from .images import BadImageError, crop_decode_side, fit_within
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
-from .stream import Listing, Prepare, Reader, StreamedImages, kept_size, list_images
+from .stream import Prepare, Reader, StreamedImages, kept, list_images
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -133,8 +132,9 @@ def is_junk(name: str) -> bool:
     return name.startswith(".") or name in ("__MACOSX", "Thumbs.db", "desktop.ini")
 
 
-FIRST_DECODE_PEAK = 3.6  # peak memory of a first decode over its decoded size: 12,000 JPEGs kept at 224 px, 1.87 GB
-# decoded, peaked at 6.73 GB RSS (the decoded images, their stacked copy, the cache written); a cached one ~1.1x
+DECODE_PEAK = 1.1  # peak memory of a decode into memory over the decoded size: the images go straight into one
+# preallocated tensor, so 55,000 photos kept at 96x128x3 (1.89 GiB) peaked 1.95 GiB above the process before it (the
+# decoded PIL images, their arrays and a stacked copy took 3.6x before: 1.87 GB decoded peaked at 6.73 GB)
 
 
 def estimate_decoded(reader: Reader, names: list[str], size: tuple[int, int] | None, max_side: int,
@@ -152,45 +152,47 @@ def estimate_decoded(reader: Reader, names: list[str], size: tuple[int, int] | N
         except Exception:  # noqa: BLE001 - a bad file is named when it is decoded; here it only counts for less
             continue
     if crop is not None:
-        kept = tuple(crop["img_size"])
+        keep_hw = tuple(crop["img_size"])
     elif size is not None:
-        kept = tuple(size)
+        keep_hw = tuple(size)
     else:
         common = sizes.most_common(1)[0][0] if sizes else (max_side, max_side)
-        kept = fit_within(common, max_side) or common
-    return len(names), kept, 1 if gray else 3
+        keep_hw = fit_within(common, max_side) or common
+    return len(names), keep_hw, 1 if gray else 3
 
 
 DATA_MODES = ("auto", "memory", "stream")
 
 
-def memory_need(images: int, kept: tuple[int, int], channels: int, first: bool = True) -> tuple[int, int]:
-    """(decoded bytes, the peak a decode into memory reaches: ~3.6x at the first, ~1.1x from the cache)."""
+def memory_need(images: int, kept: tuple[int, int], channels: int) -> tuple[int, int]:
+    """(decoded bytes, the peak a decode into memory, or a read of its cache, reaches)."""
     decoded = images * kept[0] * kept[1] * channels
-    return decoded, int(decoded * (FIRST_DECODE_PEAK if first else CACHED_PEAK))
+    return decoded, int(decoded * DECODE_PEAK)
 
 
-CACHED_PEAK = 1.1
+AUTO_SHARE = 0.5  # of the memory the process may use, what data in memory may take under --data-mode auto: the
+# rest is the run's own (a 2-core CPU run's step took ~600 MB beside torch's ~800 MB; workers, the page cache)
 
 
-def fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, first: bool = True
+def fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, share: float = 1.0
                    ) -> tuple[bool, str]:
-    """Whether a decode into memory fits in the memory this process may use (its container's limit where it has
-    one), and the sentence with the numbers."""
-    decoded, peak = memory_need(images, kept, channels, first)
+    """Whether a decode into memory fits in ``share`` of the memory this process may use (its container's limit
+    where it has one), and the sentence with the numbers."""
+    decoded, peak = memory_need(images, kept, channels)
     mem = available_memory()
     gib = 2 ** 30
     what = (f"{path}: {images:,} images kept at {kept[0]}x{kept[1]}x{channels} are {decoded / gib:.2f} GiB decoded, "
-            f"~{peak / gib:.2f} GiB at {'a first decode' if first else 'a cached read'}'s peak")
+            f"~{peak / gib:.2f} GiB at the decode's peak")
     if mem is None:  # not Linux: nothing to go by
         return True, what
-    return peak <= mem.available, f"{what}; this process may use {mem.describe()}"
+    return peak <= share * mem.available, f"{what}; this process may use {mem.describe()}" + (
+        f", and data in memory at most {share:.0%} of it" if share < 1 else "")
 
 
-def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, first: bool = True) -> None:
+def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int) -> None:
     """Refuse, before a pixel is decoded, a folder whose decode would not fit in the memory this process may use:
     the kernel's out-of-memory kill at 43% of "decoding train" (exit 137, no message) was the alternative."""
-    ok, what = fits_in_memory(path, images, kept, channels, first)
+    ok, what = fits_in_memory(path, images, kept, channels)
     if not ok:
         raise ValueError(f"{what}; nothing was decoded. Stream it from the files (--data-mode stream, the choice of "
                          "--data-mode auto), keep the photos smaller (--folder-max-side N, a smaller --img-size), or "
@@ -250,16 +252,16 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
     say = say or (lambda s: None)
     if crop is not None:
         size, max_side = tuple(crop["img_size"]), crop_decode_side(crop)
-    prep = Prepare(tuple(size) if size else None, max_side, crop)
+    prep = Prepare(tuple(size) if size else None, max_side if crop or not size else max(size), crop)
     key = hashlib.sha256(f"{fingerprint}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
     estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], size, max_side, crop)
-    cached = cache is not None and cache.is_file()  # decoded before: read back at ~1.1x its size
+    cached = cache is not None and cache.is_file()  # decoded before: read back
     if mode == "memory":
-        check_fits_in_memory(path, *estimate, first=not cached)
+        check_fits_in_memory(path, *estimate)
     elif mode == "auto":
-        ok, what = fits_in_memory(path, *estimate, first=not cached)
+        ok, what = fits_in_memory(path, *estimate, share=AUTO_SHARE)
         mode = "memory" if ok else "stream"
         say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
                                                    "anyway)"))
@@ -267,7 +269,7 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
         return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     if mode == "stream":
         return _streamed(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, progress)
-    return _decoded(path, reader, items, classes, prep, skip_bad_images, cache, progress)
+    return _decoded(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, cache, progress)
 
 
 def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
@@ -275,11 +277,10 @@ def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]]
               progress: Callable | None) -> DataSplits:
     """The splits read from their files as the run goes (data/stream.py), each image prepared as ``_decoded``
     prepares it: the same size and channels, decided from every file's header."""
-    listing: Listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
+    listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
     if not any(listing.names.values()):
         raise ValueError(f"{path}: no decodable images")
-    prep = Prepare(kept_size(listing, prep), prep.max_side, prep.crop)
-    channels = 1 if listing.gray else 3
+    prep, channels = kept(listing, prep)
     splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
                              channels, skip_bad_images) for s in items]
     h, w = prep.size  # type: ignore[misc]
@@ -288,36 +289,31 @@ def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]]
 
 
 def _decoded(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
-             prep: Prepare, skip_bad_images: bool, cache: Path | None, progress: Callable | None) -> DataSplits:
-    """Every image decoded into one uint8 tensor per split, kept in ``cache``."""
-    decoded: dict[str, list] = {}
-    full_sizes: Counter = Counter()
-    skipped = 0
-    for s, lst in items.items():
-        imgs = []
-        for n, ci in (progress(lst, desc=f"decoding {s}") if progress else lst):
-            try:  # each image shrunk to fit max_side as it is read: memory is bounded by the result's size
-                img, full = prep.decode(reader.read(n), reader.where(n))
+             prep: Prepare, fingerprint: str, skip_bad_images: bool, cache_dir: str | None, cache: Path | None,
+             progress: Callable | None) -> DataSplits:
+    """Every image decoded straight into one preallocated uint8 tensor per split (its size and channels known
+    from the headers first), kept in ``cache``: the decode peaks at the tensors' size, not at the decoded images,
+    their arrays and a stacked copy (3.6x) as it did before."""
+    listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
+    if not any(listing.names.values()):
+        raise ValueError(f"{path}: no decodable images")
+    prep, channels = kept(listing, prep)
+    skipped = len(listing.skipped)
+    tensors = []
+    for s in items:
+        names, labels = listing.names[s], listing.labels[s]
+        x = torch.empty((len(names), channels, *prep.size), dtype=torch.uint8)  # type: ignore[misc]
+        keep: list[int] = []
+        for n, ci in (progress(list(zip(names, labels)), desc=f"decoding {s}") if progress else zip(names, labels)):
+            try:  # each image shrunk to fit the decode side as it is read
+                x[len(keep)] = torch.from_numpy(prep.array(reader.read(n), reader.where(n), channels))
             except BadImageError:
                 if not skip_bad_images:
                     raise
                 skipped += 1
                 continue
-            imgs.append((img, ci))
-            full_sizes[full] += 1
-        decoded[s] = imgs
-    every = [im for lst in decoded.values() for im in lst]
-    if not every:
-        raise ValueError(f"{path}: no decodable images")
-    channels = 1 if all(is_gray(im) for im, _ in every) else 3
-    size = prep.size
-    if size is None:  # the most common size wins; the others are resized to it
-        size = full_sizes.most_common(1)[0][0]
-        size = fit_within(size, prep.max_side) or size  # large photos are kept at a training-friendly size
-    tensors = []
-    for s in items:
-        x = torch.from_numpy(np.stack([to_array(im, channels, size) for im, _ in decoded[s]]))
-        y = torch.tensor([ci for _, ci in decoded[s]], dtype=torch.int64)
-        tensors.append(ImageTensors(x, y))
+            keep.append(ci)
+        tensors.append(ImageTensors(x[:len(keep)].clone() if len(keep) < len(names) else x,
+                                    torch.tensor(keep, dtype=torch.int64)))
     save_cached(cache, tensors[0], tensors[1], {"classes": classes, "skipped": skipped})
     return DataSplits(f"folder:{path}", tensors[0], tensors[1], classes, skipped)

@@ -36,23 +36,23 @@ STATS_SAMPLE = 512  # images decoded for the dataset's mean and std (the in-memo
 
 @dataclasses.dataclass
 class Prepare:
-    """How every image of a folder is turned into the uint8 (C, H, W) array the model's batches are cut from: the
-    same function for the in-memory decode and for the streaming workers."""
+    """How every image of a dataset is turned into the uint8 (C, H, W) array its batches are cut from: the same
+    function for the decode into memory and for the streaming workers."""
 
-    size: tuple[int, int] | None  # (H, W) every image is resized to (None: decided from the images, in memory)
-    max_side: int  # decoded no larger than this on its longer side (JPEG DCT scaling)
+    size: tuple[int, int] | None  # (H, W) every image is resized to (None until decided from the headers)
+    decode_side: int  # decoded no larger than this on its longer side (JPEG DCT scaling), then resized to size
     crop: dict[str, Any] | None  # pretrained weights' resize + centre crop (images.crop_spec), or None
 
     def decode(self, data: bytes, where: str) -> tuple[Image.Image, tuple[int, int]]:
         """The image as read (cropped for ``crop``) and its full size (H, W)."""
-        side = self.max_side if self.crop else max(self.size) if self.size else self.max_side
-        img, full = decode_within(data, where, max_side=side)
+        img, full = decode_within(data, where, max_side=self.decode_side)
         if self.crop is not None:  # the gray test needs the image as stored; the crop keeps the channel count
             img = resize_and_crop(self.crop, 1 if is_gray(img) else 3)(img)
         return img, full
 
     def array(self, data: bytes, where: str, channels: int) -> np.ndarray:
-        return to_array(self.decode(data, where)[0], channels, self.size)
+        a = to_array(self.decode(data, where)[0], channels, self.size)
+        return a if a.flags.writeable else a.copy()  # (a gray image's array is PIL's read-only buffer)
 
 
 class Reader:
@@ -157,15 +157,14 @@ def list_images(reader: Reader, items: dict[str, list[tuple[str, int]]], fingerp
     return out
 
 
-def kept_size(listing: Listing, prep: Prepare) -> tuple[int, int]:
-    """The (H, W) every image is kept at: the crop's, the given size, else the most common size within max_side
-    (the in-memory path's rule)."""
-    if prep.crop is not None:
-        return tuple(prep.crop["img_size"])  # type: ignore[return-value]
-    if prep.size is not None:
-        return prep.size
-    common = listing.common_size()
-    return fit_within(common, prep.max_side) or common
+def kept(listing: Listing, prep: Prepare) -> tuple[Prepare, int]:
+    """``prep`` with the (H, W) every image is kept at (the crop's, the given size, else the most common size,
+    scaled to fit the decode side), and the channels (1 when every image is gray, else 3)."""
+    size = prep.size
+    if size is None:
+        common = listing.common_size()
+        size = fit_within(common, prep.decode_side) or common
+    return dataclasses.replace(prep, size=tuple(size)), 1 if listing.gray else 3
 
 
 # ------------------------------------------------------------------------------------------ the streamed split
@@ -203,7 +202,7 @@ class StreamedImages(torch.utils.data.Dataset):
             a = self.prep.array(self.reader.read(name), self.reader.where(name), self.channels)
         except BadImageError as e:
             return None, int(self.labels[i]), str(e)
-        return torch.from_numpy(a if a.flags.writeable else a.copy()), int(self.labels[i]), ""
+        return torch.from_numpy(a), int(self.labels[i]), ""
 
     def take(self, idx: list[int] | torch.Tensor) -> torch.Tensor:
         """The uint8 images at ``idx``, decoded now."""
