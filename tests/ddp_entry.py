@@ -3,6 +3,7 @@
     torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train ...
 """
 import gc
+import json
 import os
 import sys
 
@@ -50,6 +51,9 @@ class Faulty(trainer_mod.Trainer):
         if "--dump" in opts:
             save_file({k: v.contiguous() for k, v in self.model.state_dict().items()},
                       os.path.join(opts["--dump"], f"rank{rank}.safetensors"))
+            with open(os.path.join(opts["--dump"], f"rank{rank}.json"), "w") as f:  # the settings this rank trained
+                json.dump({"cfg": self.cfg.to_dict(), "chosen": self.plan.chosen,
+                           "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps}, f, default=str)
         return result
 
 

@@ -32,6 +32,12 @@ def test_two_ranks_end_identical_and_match_one_process_with_the_global_batch(tmp
     assert len(finals) == 1  # only rank 0 prints and writes
     a, b = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # every rank trained with rank 0's settings: what the planner decided (precision, attention, threads, ...), the
+    # batch per process, the LR, the schedule
+    import json
+
+    s0, s1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert s0 == s1 and s0["cfg"]["batch_size"] == 32 and s0["chosen"]["precision"] in ("fp32", "bf16")
     # one process, batch 2 x 32, the same images per step: the same weights up to float summation order
     torch.set_num_threads(1)
     cfg = TrainConfig(dataset="digits", epochs=3, batch_size=64, lr=0.05, opt="sgd", warmup_epochs=1, crop_padding=0,
@@ -89,3 +95,29 @@ def test_more_ranks_than_gpus_is_one_line_before_any_process_group(monkeypatch, 
     assert distributed_device("cpu") == torch.device("cpu")  # gloo on CPU processes: allowed
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert distributed_device("auto") == torch.device("cuda", 1)  # its own GPU, by local rank
+
+
+def test_two_ranks_streaming_a_folder_each_read_their_part_and_train_what_one_process_trains(tmp_path):
+    """Issue 50: under torchrun each rank streams its own part of every epoch (no image twice, none missed): the
+    averaged gradient is then one process's at the global batch, and the weights match it."""
+    from helpers import write_digits_folder
+    from vitkit.training.plan import Sources, resolve
+
+    root = write_digits_folder(tmp_path / "d", per_class=12, size=8)  # 120 real digits, the digits recipe
+    flags = {"dataset": "folder", "data_dir": str(root), "cache_dir": str(tmp_path / "c"), "epochs": 3,
+             "crop_padding": 0, "smoothing": 0.0, "lr": 0.05, "warmup_epochs": 1, "opt": "sgd"}
+    r = torchrun(["--dump", str(tmp_path), "--", "train", "--dataset", "folder", "--data-dir", str(root),
+                  "--cache-dir", str(tmp_path / "c"), *COMMON, "--opt", "sgd", "--lr", "0.05", "-b", "16",
+                  "--data-mode", "stream", "--workers", "1", "--output", str(tmp_path / "run")])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "streamed from the files" in r.stdout
+    a, b = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    torch.set_num_threads(1)
+    cfg, data, _ = resolve(Sources({**flags, "batch_size": 32, "data_mode": "memory"}), lambda s: None)
+    single = Trainer(cfg, data, log=lambda s: None, progress=False)
+    assert not single.data.streamed
+    single.fit()
+    s = single.model.state_dict()
+    worst = max(float((s[k] - a[k]).abs().max()) for k in a)
+    assert worst < 1e-4, worst

@@ -159,3 +159,16 @@ def test_a_budget_that_buys_more_epochs_grows_the_schedule_up_to_max_epochs(monk
     assert capped.epochs == 100
     kept, _ = plan_mod.make_plan(base, data, log=lambda s: None)
     assert kept.epochs == base.epochs == 40
+
+
+def test_a_tier_that_changes_the_model_chooses_its_own_batch_from_the_recipes(h200):
+    """A tier's model is another step: its batch is chosen again on the GPU, from the recipe's batch and LR (scaled
+    once, not on top of the first model's scaling), and the candidates are timed again at that batch."""
+    tiers = [{"below": 10_000, "model_args": {"depth": 2}}]  # always taken here
+    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 4.0, "tiers": tiers})
+    cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
+    assert cfg.model_args["depth"] == 2 and p.tier["below"] == 10_000
+    assert sum(n.startswith("batch on this GPU") for n in p.notes) == 2
+    assert cfg.batch_size == 1024 and cfg.lr == pytest.approx(0.002 * 8 ** 0.5)  # scaled once
+    assert "the tier's model" in p.calibrations[-2].what  # (the last: compile)
+    assert all(n == 1024 for n, _, _ in h200.timed[-1])

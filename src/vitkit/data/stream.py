@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import time
 import zipfile
 from collections import Counter
@@ -215,9 +216,12 @@ class StreamedImages(torch.utils.data.Dataset):
     def loader(self, chunks: list[list[int]], device: torch.device, workers: int | None = None
                ) -> torch.utils.data.DataLoader:
         w = self.workers if workers is None else workers
+        # workers are forked (they start at once and share the listing), except where a library that forbids fork
+        # with its threads running is loaded in this process (JAX, in a notebook that also converted weights)
+        context = "forkserver" if w and "jax" in sys.modules else None
         return torch.utils.data.DataLoader(self, batch_sampler=chunks, num_workers=w, collate_fn=_collate,
                                            pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if w else None,
-                                           timeout=WORKER_TIMEOUT_S if w else 0)
+                                           timeout=WORKER_TIMEOUT_S if w else 0, multiprocessing_context=context)
 
     def batches(self, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool, device: torch.device,
                 workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -239,8 +243,9 @@ class StreamedImages(torch.utils.data.Dataset):
         except RuntimeError as e:
             if "DataLoader" not in str(e):
                 raise
-            raise ValueError(f"reading {self.reader.path}: {' '.join(str(e).split())[:300]} (a data worker killed "
-                             "for memory: fewer --workers, a smaller --batch-size)") from None
+            raise ValueError(f"reading {self.reader.path}: {' '.join(str(e).split())[:300]} (a worker killed for "
+                             "memory? fewer --workers, a smaller --batch-size, or --data-mode memory where it "
+                             "fits)") from None
 
 
 def _collate(items: list[tuple[torch.Tensor | None, int, str]]

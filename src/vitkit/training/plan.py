@@ -374,6 +374,7 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     if measure_threads:  # first: every candidate below is timed at the thread count the run trains with (timed at
         # two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)
         p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device)[1])
+    unbatched = cfg  # the recipe's batch and LR, for a tier's model to choose its own batch from
     if gpu_batch:  # then the batch (on a GPU): every setting below is timed at the batch the run trains with
         cfg = _decide_batch(cfg, data, device, p, cands[0])
         probe = _probe(cfg, data, device) if cfg.batch_size != probe.n else probe
@@ -383,7 +384,8 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
                         step_workload(cfg, probe.model, probe.n, device), cands, probe.make, refresh=refresh)
         p.calibrations.append(cal)
     if cfg.tiers and cfg.time_limit and not cfg.resume and cal is not None:
-        cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh)
+        cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh,
+                                     unbatched if gpu_batch else None)
     if cfg.tiers:
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
     if grow:
@@ -503,7 +505,10 @@ def pick_tier(tiers: list[dict[str, Any]], epochs: float) -> dict[str, Any] | No
 
 
 def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, probe: StepProbe,
-               cal: Calibration, start_time: float, refresh: bool) -> tuple[TrainConfig, StepProbe, Calibration]:
+               cal: Calibration, start_time: float, refresh: bool, unbatched: TrainConfig | None = None
+               ) -> tuple[TrainConfig, StepProbe, Calibration]:
+    """The tier the budget buys; a tier that changes the step re-times the candidates close to the best on it, and
+    on a GPU (``unbatched``: the config before its batch was chosen) first chooses the tier's model its own batch."""
     _, world = rank_and_world()
     epochs = affordable_epochs(_budget_left(cfg, start_time), cal.best.seconds or 0.0, probe.n, world,
                                len(data.train))
@@ -520,6 +525,8 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     p.notes.append(f"{bought}: tier below {tier['below']:g}: {', '.join(changed) or 'no change'}")
     if not _changes_step(cfg, new):
         return new, probe, cal
+    if unbatched is not None and new.model_args != cfg.model_args:  # another model: its own batch on this GPU
+        new = _decide_batch(unbatched.with_tier(tier), data, device, p, cal.best.settings)
     try:  # the tier's model is first checked here, where it is built
         new_probe = _probe(new, data, device)
     except ValueError as e:
