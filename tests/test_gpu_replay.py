@@ -172,3 +172,29 @@ def test_a_tier_that_changes_the_model_chooses_its_own_batch_from_the_recipes(h2
     assert cfg.batch_size == 1024 and cfg.lr == pytest.approx(0.002 * 8 ** 0.5)  # scaled once
     assert "the tier's model" in p.calibrations[-2].what  # (the last: compile)
     assert all(n == 1024 for n, _, _ in h200.timed[-1])
+
+
+def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(monkeypatch, tmp_path):
+    """Tiers upward (issue 49): ``above: N`` applies where the budget buys at least N epochs of the recipe's step;
+    the tier's model is timed, the schedule grown from its own step; a model whose step would not get the recipe's
+    epochs in the budget is not taken."""
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    tier_step = {"s": 0.01}
+    monkeypatch.setattr(cal_mod, "time_candidates", lambda what, cands, make, **kw: Calibration(
+        what, [Timing(c, tier_step["s"] if "the tier's model" in what else 0.01, 3) for c in cands]))
+    from vitkit.training.build import build_data
+
+    base = TrainConfig.from_dict({**read_recipe("digits"), "time_limit": 1.0, "threads": 1, "max_epochs": 500,
+                                  "tiers": [{"above": 100, "model_args": {"depth": 6}},
+                                            {"above": 1000, "model_args": {"depth": 12}}]})
+    data = build_data(base)
+    cfg, p = plan_mod.make_plan(base, data, log=lambda s: None)
+    assert p.tier == {"above": 100, "model_args": {"depth": 6}} and cfg.model_args["depth"] == 6
+    assert any("tier above 100: depth 4 -> 6" in n for n in p.notes)
+    assert cfg.epochs > base.epochs and any("a longer schedule" in n for n in p.notes)
+    tier_step["s"] = 0.2  # the deeper model's step: ~10 epochs in the budget, fewer than the recipe's 40
+    cfg, p = plan_mod.make_plan(base, data, log=lambda s: None, refresh=True)
+    assert p.tier is None and cfg.model_args["depth"] == 4
+    assert any("the recipe as it is" in n for n in p.notes)
+    with pytest.raises(ValueError, match="needs one of below: N or above: N"):
+        TrainConfig.from_dict({**base.to_dict(), "tiers": [{"below": 3, "above": 5, "lr": 0.1}]})

@@ -165,7 +165,8 @@ def test_the_recipes_leave_speed_to_the_planner_and_carry_no_machine_keyed_secti
 
 
 @pytest.mark.parametrize("tier,error", [
-    ({"lr": 0.1}, "needs below: N"), ({"below": 3, "dataset": "cifar10"}, "cannot set ['dataset']"),
+    ({"lr": 0.1}, "needs one of below: N or above: N"),
+    ({"below": 3, "dataset": "cifar10"}, "cannot set ['dataset']"),
     ({"below": 3, "lr": -1}, "tiers[0]: train config: lr must be > 0"),
     ({"below": 3, "model_args": {"widht": 3}}, "unknown model override key(s) ['widht']")])
 def test_a_wrong_tier_is_refused_before_the_run_starts(tier, error):

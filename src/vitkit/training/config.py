@@ -146,7 +146,7 @@ class TrainConfig:
 
     def with_tier(self, tier: dict[str, Any]) -> "TrainConfig":
         """This config with ``tier``'s settings laid over it, and no tiers: what a run trains in that tier."""
-        settings = {k: v for k, v in tier.items() if k != "below"}
+        settings = {k: v for k, v in tier.items() if k not in TIER_BOUNDS}
         return TrainConfig.from_dict(lay_over({**self.to_dict(), "tiers": None}, settings), source="tier")
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,16 +203,23 @@ def safe_yaml(path: Path) -> Any:
         raise ValueError(f"{path}: cannot be read ({e})") from None
 
 
+TIER_BOUNDS = ("below", "above")  # a tier for budgets that buy fewer epochs than N, or at least N
+
+
 def check_tier(tier: Any, i: int) -> None:
-    """A tier is ``{below: EPOCHS, key: value, ...}`` with keys from ``TIER_KEYS``."""
+    """A tier is ``{below: EPOCHS, key: value, ...}`` (budgets that buy fewer epochs) or ``{above: EPOCHS, ...}``
+    (budgets that buy at least that many), with keys from ``TIER_KEYS``."""
     if not isinstance(tier, dict):
         raise ValueError(f"tiers[{i}] must be a mapping {{below: EPOCHS, key: value, ...}}, got {tier!r}")
-    below = tier.get("below")
-    if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below < math.inf:
-        raise ValueError(f"tiers[{i}] needs below: N (a number of epochs, more than 0), got {below!r}")
+    bounds = [k for k in TIER_BOUNDS if k in tier]
+    if len(bounds) != 1:
+        raise ValueError(f"tiers[{i}] needs one of below: N or above: N (a number of epochs), got {tier!r}")
+    bound = tier[bounds[0]]
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf:
+        raise ValueError(f"tiers[{i}] needs {bounds[0]}: N (a number of epochs, more than 0), got {bound!r}")
     if not isinstance(tier.get("model_args", {}), dict):
         raise ValueError(f"tiers[{i}]: model_args must be a mapping, got {tier['model_args']!r}")
-    bad = sorted(set(tier) - TIER_KEYS - {"below"}, key=str)
+    bad = sorted(set(tier) - TIER_KEYS - set(TIER_BOUNDS), key=str)
     if bad:
         raise ValueError(f"tiers[{i}] cannot set {bad}: a tier may set {sorted(TIER_KEYS)} (what is built after the "
                          "data is loaded and the step timed)")

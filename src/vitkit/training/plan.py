@@ -42,7 +42,7 @@ from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import check_budget, usable_seconds
 from .build import apply_layout, build_data, build_model, init_crop, preprocessing_for
 from .checkpoint import recover_run
-from .config import TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
+from .config import TIER_BOUNDS, TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .optim import build_optimizer, freeze_body
 from .recipes import choose_recipe, flips_change_labels
@@ -228,7 +228,7 @@ def _without_users_keys(tiers: list[dict[str, Any]], users: dict[str, Any], user
             if not t["model_args"]:
                 del t["model_args"]
         out.append(t)
-    return out if any(set(t) - {"below"} for t in out) else None
+    return out if any(set(t) - set(TIER_BOUNDS) for t in out) else None
 
 
 def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool, say: Callable[[str], None]) -> None:
@@ -499,9 +499,17 @@ def affordable_epochs(seconds_left: float, step_s: float, batch: int, world: int
 
 
 def pick_tier(tiers: list[dict[str, Any]], epochs: float) -> dict[str, Any] | None:
-    """The tier with the smallest ``below`` above ``epochs`` (None: the recipe as it is)."""
-    fits = sorted((t for t in tiers if epochs < t["below"]), key=lambda t: t["below"])
-    return fits[0] if fits else None
+    """The tier with the smallest ``below`` above ``epochs``; else (upward) the one with the largest ``above`` that
+    ``epochs`` reach; None: the recipe as it is."""
+    fits = sorted((t for t in tiers if "below" in t and epochs < t["below"]), key=lambda t: t["below"])
+    if fits:
+        return fits[0]
+    up = sorted((t for t in tiers if "above" in t and epochs >= t["above"]), key=lambda t: t["above"])
+    return up[-1] if up else None
+
+
+def tier_name(tier: dict[str, Any]) -> str:
+    return f"tier below {tier['below']:g}" if "below" in tier else f"tier above {tier['above']:g}"
 
 
 def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, probe: StepProbe,
@@ -516,13 +524,13 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     tier = pick_tier(cfg.tiers or [], epochs)
     bought = f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model at the fastest step"
     if tier is None:
-        p.notes.append(f"{bought}: the recipe as it is (no tier below {epochs:.1f} epochs)")
+        p.notes.append(f"{bought}: the recipe as it is (no tier for {epochs:.1f} epochs)")
         return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
     new = cfg.with_tier(tier)
-    changed = describe_changes(cfg.to_dict(), {k: v for k, v in tier.items() if k != "below"},
+    changed = describe_changes(cfg.to_dict(), {k: v for k, v in tier.items() if k not in TIER_BOUNDS},
                                probe.model.config.to_dict())
     p.tier = dict(tier)
-    p.notes.append(f"{bought}: tier below {tier['below']:g}: {', '.join(changed) or 'no change'}")
+    p.notes.append(f"{bought}: {tier_name(tier)}: {', '.join(changed) or 'no change'}")
     if not _changes_step(cfg, new):
         return new, probe, cal
     if unbatched is not None and new.model_args != cfg.model_args:  # another model: its own batch on this GPU
@@ -530,12 +538,19 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     try:  # the tier's model is first checked here, where it is built
         new_probe = _probe(new, data, device)
     except ValueError as e:
-        raise type(e)(f"tier below {tier['below']:g}: {e}") from None
+        raise type(e)(f"{tier_name(tier)}: {e}") from None
     close = [t.settings for t in cal.timings if t.seconds is not None and t.seconds <= RETIME * cal.best.seconds]
     new_cal = calibrate(f"training step ({_describe_model(new_probe.model)}, batch {new_probe.n}; the tier's model)",
                         device, step_workload(new, new_probe.model, new_probe.n, device), close, new_probe.make,
                         refresh=refresh)
     p.calibrations.append(new_cal)
+    if "above" in tier:  # a larger model must still get the recipe's epochs in the budget, or it is not worth it
+        now = affordable_epochs(_budget_left(cfg, start_time), new_cal.best.seconds or 0.0, new_probe.n, world,
+                                len(data.train))
+        if now < new.epochs:
+            p.tier = None
+            p.notes.append(f"... but its step buys only ~{now:.1f} epochs of its {new.epochs}: the recipe as it is")
+            return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
     return new, new_probe, new_cal
 
 
