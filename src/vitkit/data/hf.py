@@ -104,8 +104,9 @@ def _columns(d: Any, path: str) -> tuple[str, str, list[str] | None]:
     label = next((k for k, f in d.features.items() if isinstance(f, ds.ClassLabel)), None)
     label = label or next((k for k in LABEL_COLUMNS if k in d.features), None)
     if image is None or label is None:
+        found = {k: type(f).__name__ for k, f in d.features.items()}
         raise ValueError(f"{path}: expected an Image column and a label column (a ClassLabel, or one of "
-                         f"{', '.join(LABEL_COLUMNS)}); found {dict((k, type(f).__name__) for k, f in d.features.items())}")
+                         f"{', '.join(LABEL_COLUMNS)}); found {found}")
     names = d.features[label].names if isinstance(d.features[label], ds.ClassLabel) else None
     return image, label, names
 
