@@ -101,3 +101,34 @@ def test_a_label_outside_the_classes_is_named(tmp_path):
     dd.save_to_disk(str(tmp_path / "s"))
     with pytest.raises(ValueError, match=r"s\[train\]\[2\]: label -1 is outside the 2 classes"):
         load_hf_splits(str(tmp_path / "s"), cache_dir=str(tmp_path / "c"))
+
+
+def test_a_hub_dataset_reads_offline_from_the_hub_cache(tmp_path):
+    """The Hub path, without a network: the dataset's parquet files where huggingface_hub caches a download (blobs,
+    a snapshot of symlinks, refs/main), read with HF_HUB_OFFLINE=1 as a user's second run reads them."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    root = write_digits_folder(tmp_path / "d", per_class=3, size=16)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "datasets--someone--digits"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    for split, d in _from_folder(root).items():
+        tmp = tmp_path / f"{split}.parquet"
+        d.to_parquet(str(tmp))
+        blob = repo / "blobs" / hashlib.sha256(tmp.read_bytes()).hexdigest()
+        blob.write_bytes(tmp.read_bytes())
+        link = repo / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--dataset", "hf", "--data-dir", "someone/digits",
+                        "--epochs", "1", "-b", "8", "--cache-dir", str(tmp_path / "c"), "--output", str(tmp_path / "r"),
+                        "--depth", "1", "--embed-dim", "16", "--num-heads", "1"], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "someone/digits: 30 train / 30 val images, 16x16x1, 10 classes" in r.stdout

@@ -1,4 +1,5 @@
-"""Hugging Face ``datasets``: an image + label dataset saved with ``save_to_disk``, parquet files, or a Hub id.
+"""Hugging Face ``datasets``: an image + label dataset saved with ``save_to_disk``, parquet files, or a Hub id (its
+parquet files, downloaded by huggingface_hub into the Hub cache).
 
 Read through the ``datasets`` library (the optional "data" extra): Arrow files are memory-mapped, so a dataset
 larger than memory costs only the pages in use, and rows are read by index, which gives the sampler's order,
@@ -30,8 +31,7 @@ def _datasets():  # type: ignore[no-untyped-def]
 
 def open_dataset(path: str, cache_dir: str | None = None) -> Any:
     """A DatasetDict from a ``save_to_disk`` folder, a folder of parquet files (``train-*.parquet``,
-    ``validation-*``/``val-*``/``test-*``, also under ``data/``), or a Hub id (downloaded into the Hub cache;
-    offline, the cache alone)."""
+    ``validation-*``/``val-*``/``test-*``, also under ``data/``), or a Hub id (``hub_snapshot``)."""
     ds = _datasets()
     p = Path(path)
     try:
@@ -45,7 +45,7 @@ def open_dataset(path: str, cache_dir: str | None = None) -> Any:
             raise ValueError(f"{path}: not a save_to_disk folder, a parquet file or a folder of parquet files")
         if path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a Hub id is NAME or OWNER/NAME
             raise FileNotFoundError(f"{path}: no such folder or file (a Hub id is NAME or OWNER/NAME)")
-        return ds.load_dataset(path, cache_dir=cache_dir)
+        return ds.load_dataset("parquet", data_files=_parquet_files(hub_snapshot(path)), cache_dir=cache_dir)
     except (ValueError, FileNotFoundError):
         raise
     except Exception as e:  # noqa: BLE001 - the Hub and Arrow raise many kinds: one line naming the dataset
@@ -54,13 +54,27 @@ def open_dataset(path: str, cache_dir: str | None = None) -> Any:
                          "cache, a folder save_to_disk's files or parquet files") from None
 
 
+def hub_snapshot(repo_id: str) -> Path:
+    """A Hub dataset's parquet files, downloaded once into the Hub cache by huggingface_hub (offline, with
+    HF_HUB_OFFLINE=1, the cached snapshot): the same cache and rules as the model weights."""
+    from huggingface_hub import snapshot_download  # a dependency of datasets
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset", allow_patterns=["*.parquet", "*.json", "*.md"]))
+    except Exception as e:  # noqa: BLE001 - no network, no such repo, a gated one: one line naming the dataset
+        raise ValueError(f"--dataset hf --data-dir {repo_id}: could not read it from the Hub ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}); a Hub id needs internet, or the dataset already in the "
+                         "Hub cache (HF_HOME) with HF_HUB_OFFLINE=1") from None
+
+
 def _parquet_files(p: Path) -> dict[str, list[str]]:
     if p.is_file():
         return {"train": [str(p)]}
     found: dict[str, list[str]] = {}
     for split in ("train", *VAL_SPLITS):
         files = sorted(p.glob(f"{split}-*.parquet")) + sorted(p.glob(f"{split}.parquet")) + \
-            sorted(p.glob(f"data/{split}-*.parquet")) + sorted(p.glob(f"{split}/*.parquet"))
+            sorted(p.glob(f"data/{split}-*.parquet")) + sorted(p.glob(f"{split}/*.parquet")) + \
+            sorted(p.glob(f"*/{split}/*.parquet"))  # the Hub's parquet conversion: <config>/<split>/0000.parquet
         if files:
             found[split] = [str(f) for f in files]
     if not found:
