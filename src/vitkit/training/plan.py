@@ -1,21 +1,23 @@
-"""The run planner: recipe + config file + flags + budget + device -> the final ``TrainConfig`` and a ``Plan``.
+"""The run planner: a layered ``TrainConfig`` (sources.py: recipe + config file + flags) + budget + device -> the
+final ``TrainConfig`` and a ``Plan``.
 
-It is the one place where a run's settings are decided. Layers, last wins: the shipped recipe
-(``configs/<dataset>.yaml``, or ``finetune.yaml`` with ``--init``, or for a folder the recipe its images call for),
-a ``--config`` file, the flags. Then, for every ``auto``, the candidates are timed on the run's own training step
-(forward, backward and optimizer step of its model on a real batch; runtime/calibrate.py):
+It is the one place where a run's settings are decided. For every ``auto``, the candidates are timed on the run's
+own training step (probe.py: forward, backward and optimizer step of its model on a real batch;
+runtime/calibrate.py), in one order on every device:
 
-- precision (fp32 / bf16), attention path (fused SDPA / exact), the conv weights' memory layout;
-- with a ``--time-limit``: the recipe's tier, by the epochs the budget buys of the fastest candidate;
-- compile, where the budget could repay the compile time (measured here, or ~30 s before it has been);
-- CPU threads, on the chosen step (runtime/threads.py): measured every run, since load changes from run to run.
+- CPU threads (runtime/threads.py): measured every run, since load changes from run to run;
+- on a GPU, the batch (gpu_batch.py), from the step's throughput and free memory: all that follows is timed there;
+- precision (fp32 / bf16, TF32 on CUDA), attention path (fused SDPA / exact), the conv weights' memory layout;
+- with a ``--time-limit``: the recipe's tier by the epochs the budget buys of the fastest candidate (downward for
+  budgets that buy few, upward for budgets that buy many, and a longer schedule up to ``max_epochs``);
+- compile, where the budget could repay the compile time (measured here, or a prior per device before it has been);
+- streaming data: the DataLoader workers, on the pipeline feeding the chosen step.
 
 The ``Plan`` records every candidate timed, what was chosen and why; it is printed at the start of the run and
 saved as ``plan.json`` in the run folder.
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -25,27 +27,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 
-from ..data.augment import BatchAugment, batches
-from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_dataset
+from ..data.datasets import DataSplits
 from ..data.stream import choose_workers
-from ..interop.pretrained import init_image_size, init_preprocessing
-from ..model.config import to_2tuple
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
-from ..runtime.cpu import machine_name, reports_bf16_unit
+from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
-from ..runtime.precision import autocast_for, matmul_precision
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import check_budget, usable_seconds
-from .build import apply_layout, build_data, build_model, init_crop, preprocessing_for
-from .checkpoint import recover_run
-from .config import TIER_BOUNDS, TrainConfig, describe_changes, lay_over, read_recipe, read_yaml, safe_yaml
+from .build import build_data
+from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
-from .optim import build_optimizer, freeze_body
-from .recipes import choose_recipe, flips_change_labels
+from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
+from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
 
 # Compile is timed only where a run could repay twice its compile time at this gain over the eager step (what the
 # Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x; 1.12x in bf16
@@ -97,223 +93,6 @@ class Plan:
         out += [f" {n}" for n in self.notes]
         chosen = ", ".join(f"{k} {v}" for k, v in self.chosen.items())
         return out + [f" chosen: {chosen}"]
-
-
-# ------------------------------------------------------------------------------------------ layering the sources
-@dataclass
-class Sources:
-    """What a run was asked: flags (``given``, TrainConfig keys), model overrides from flags, a config file."""
-
-    given: dict[str, Any] = field(default_factory=dict)
-    model_args: dict[str, Any] = field(default_factory=dict)
-    config_file: str | None = None
-
-
-def resolve(src: Sources, say: Callable[[str], None] = print,
-            progress: Callable | None = None) -> tuple[TrainConfig, DataSplits | None, str | None]:
-    """The layered TrainConfig (``auto`` still in it), the data if it had to be read to choose the recipe, and the
-    recipe's name. Tiers keep none of the settings the user gave (the user's file and flags win there too)."""
-    given = dict(src.given)
-    file_cfg = read_yaml(src.config_file) if src.config_file else {}
-    resume = given.get("resume") or file_cfg.get("resume")
-    saved: dict[str, Any] = {}
-    if resume:
-        run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
-        recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
-        if not (run_dir / "last").exists():
-            if resume != "auto" and not (run_dir / "plan.json").is_file():
-                raise FileNotFoundError(f"--resume {resume}: no run there (no last/ checkpoint, no plan.json)")
-            if resume != "auto":  # a run killed before its first checkpoint: it starts over in its folder
-                given.setdefault("output", str(run_dir))
-            given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
-        elif (run_dir / "config.yaml").is_file():
-            saved = safe_yaml(run_dir / "config.yaml")
-            saved.pop("few_epochs", None)  # a run folder of vitkit before tiers: that key was decided already
-            given["resume"] = str(run_dir)
-            given.setdefault("output", str(run_dir))
-        else:
-            raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
-    if saved:
-        _check_same_model(saved, {**file_cfg, **given}, {**file_cfg.get("model_args", {}), **src.model_args},
-                          given["resume"])
-    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
-    merged: dict[str, Any] = {"dataset": dataset}
-    init = given.get("init") or file_cfg.get("init")
-    data, name = None, None
-    if not saved:
-        if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
-            size = src.model_args.get("img_size") or init_image_size(init)
-            merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
-        if dataset in FILE_DATASETS:
-            probe = {**file_cfg, **given}
-            wanted = src.model_args.get("img_size") or file_cfg.get("model_args", {}).get("img_size")
-            if "folder_max_side" in probe:  # the user's own
-                merged["folder_max_side"] = probe["folder_max_side"]
-            elif wanted and not init and max(to_2tuple(wanted)) > 128:  # photos kept at the size the model reads
-                merged["folder_max_side"] = max(to_2tuple(wanted))
-                say(f"photos kept at up to {merged['folder_max_side']} px a side, the --img-size the model reads "
-                    "(128 otherwise; --folder-max-side N to choose)")
-            data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
-                                probe.get("cache_dir") or default_cache_dir(), progress=progress,
-                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
-                                mode=probe.get("data_mode", "auto"), say=say)
-            name = "finetune" if init else choose_recipe(data)
-            say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
-        else:
-            name = "finetune" if init else dataset
-        if init:
-            say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
-                "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
-                "training size; a --config file or flags override it)")
-            if not init_preprocessing(init).get("mean") and Path(init).is_file():
-                say(f"--init {init}: the file carries no preprocessing, so images are standardised with the "
-                    "dataset's own mean and std; for weights published with theirs (and a resize + crop), `vitkit "
-                    f"import {init} --preprocessing NAME.TAG --out DIR`, then --init DIR")
-            crop = init_crop(init, src.model_args) if dataset in FILE_DATASETS else None
-            if crop:
-                h, w = crop["img_size"]
-                say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
-                    f"alike: short side to {h / crop['crop_pct']:.0f} ({crop['interpolation']}), centre {h}x{w} crop")
-        merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
-        if data is not None and merged.get("hflip") and flips_change_labels(data):
-            merged["hflip"] = False
-            if "hflip" not in given and "hflip" not in file_cfg:
-                say("no horizontal flips: small grayscale images are often digits or characters, which a flip "
-                    "changes (--hflip to flip anyway)")
-    for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
-        merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
-    merged.setdefault("cache_dir", default_cache_dir())
-    if merged.get("init") and "model" not in given and "model" not in file_cfg and not saved:
-        merged["model"] = None  # the weights say the architecture: config.yaml named the default preset instead
-    if (saved or "batch_size" in given or "batch_size" in file_cfg) and "gpu_batch" not in given:
-        merged["gpu_batch"] = False  # the batch the user (or the run being resumed) chose stays
-    if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
-        merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
-                                              {**file_cfg.get("model_args", {}), **src.model_args})
-    if init and not saved and data is not None:
-        n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
-        _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
-    return TrainConfig.from_dict(merged, source="train config"), data, name
-
-
-def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any], run: str) -> None:
-    """A resume continues the run's own model on its own data: a --model, --init, model flag or --data-dir that
-    differs would relabel the run without changing its weights (another folder's classes trained onto its head)."""
-    def same(a: Any, b: Any) -> bool:
-        return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
-
-    def same_path(a: Any, b: Any) -> bool:  # data/ and ./data/ are one folder
-        return b is not None and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
-
-    changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
-               if k in users and users[k] != saved.get(k)]
-    if users.get("data_dir") is not None and not same_path(users["data_dir"], saved.get("data_dir")):
-        changed.append(f"data_dir {saved.get('data_dir')!r} -> {users['data_dir']!r}")
-
-    changed += [f"{k} {saved.get('model_args', {}).get(k)!r} -> {v!r}" for k, v in users_model.items()
-                if not same(v, saved.get("model_args", {}).get(k))]
-    if changed:
-        raise ValueError(f"--resume {run} continues that run's model, but the flags or --config change it: "
-                         f"{'; '.join(changed)}. Start a new run (another --output) to train another model")
-
-
-def _without_users_keys(tiers: list[dict[str, Any]], users: dict[str, Any], users_model: dict[str, Any]
-                        ) -> list[dict[str, Any]] | None:
-    """The recipe's tiers without what the user's config file or flags set; None if no tier has anything left."""
-    out = []
-    for tier in tiers:
-        t = {k: v for k, v in tier.items() if k not in users}
-        if isinstance(t.get("model_args"), dict):
-            t["model_args"] = {k: v for k, v in t["model_args"].items() if k not in users_model}
-            if not t["model_args"]:
-                del t["model_args"]
-        out.append(t)
-    return out if any(set(t) - set(TIER_BOUNDS) for t in out) else None
-
-
-def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool, say: Callable[[str], None]) -> None:
-    """The recipe's batch of 512 by accumulation, cut on a small dataset so an epoch keeps 8 optimiser steps."""
-    batch, accum = merged.get("batch_size", 32), merged.get("grad_accum", 1)
-    fitted = max(1, min(accum, n_train // (8 * batch)))
-    if fitted != accum and not user_set:
-        merged["grad_accum"] = fitted
-        say(f"batch {batch} x {fitted} accumulated = {batch * fitted} (not {batch * accum}): {n_train} training "
-            "images would give fewer than 8 optimiser steps an epoch")
-
-
-# ------------------------------------------------------------------------------------------ timing the step
-def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True) -> list[dict[str, Any]]:
-    """Every combination of the settings left ``auto``. CPU flags only order them: where the CPU reports no bf16
-    unit, fp32 is timed first, so that an emulated bf16 is cut at its first call. The memory layout is a candidate
-    only for a model with a CNN stem (``hybrid``): elsewhere it moves one small convolution."""
-    if cfg.precision != "auto":
-        precisions = [cfg.precision]
-    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        precisions = ["fp32"]
-    elif device.type == "cuda":  # fp32 with TF32 matmuls where the GPU has TF32 tensor cores (Ampere on)
-        precisions = ["bf16", "tf32", "fp32"] if torch.cuda.get_device_capability(device)[0] >= 8 else ["bf16", "fp32"]
-    elif device.type == "cpu":
-        precisions = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
-    else:
-        precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
-    attentions = ["sdpa", "exact"] if cfg.attention == "auto" else [cfg.attention]
-    layouts = ([True, False] if hybrid else [False]) if cfg.channels_last == "auto" else [cfg.channels_last]
-    return [{"precision": p, "attention": a, "channels_last": c} for p in precisions for a in attentions
-            for c in layouts]
-
-
-def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.device) -> dict[str, Any]:
-    """What the step's time depends on, for the cache key."""
-    return {"kind": "train step", "model": model.config.to_dict(), "batch": n, "opt": cfg.opt,
-            "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
-            "threads": torch.get_num_threads()}
-
-
-class StepProbe:
-    """The run's training step on a real batch, for timing: each candidate trains a copy of the model, so the run's
-    own model, optimizer and random state are untouched."""
-
-    def __init__(self, cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device,
-                 augment: BatchAugment) -> None:
-        self.cfg, self.model, self.device, self.augment = cfg, model, device, augment
-        self.n, self.n_train = min(cfg.batch_size, len(data.train)), len(data.train)
-        rng = torch.get_rng_state()
-        x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
-        self.x, self.target = augment(x, y, train=False)
-        torch.set_rng_state(rng)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
-
-    def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
-        step = self.make_fed(s, compiled, augment=False)
-        return lambda: step(self.x, self.target)
-
-    def make_fed(self, s: dict[str, Any], compiled: bool = False, augment: bool = True
-                 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
-        """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
-        ``augment``): for timing the data pipeline with the step it feeds."""
-        m = copy.deepcopy(self.model).train()
-        apply_layout(m, s["attention"], s["channels_last"])
-        cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
-                                     "attention": "sdpa", "channels_last": False, "tiers": None})
-        if cfg.freeze_body:
-            freeze_body(m)
-        opt = build_optimizer(m, cfg)
-        fwd = torch.compile(m) if compiled else m
-        criterion, device, precision, aug = self.criterion, self.device, s["precision"], self.augment
-
-        def step(x: torch.Tensor, target: torch.Tensor) -> None:
-            if augment:
-                x, target = aug(x, target, train=True)
-            with matmul_precision(precision):
-                with autocast_for(device, precision):
-                    loss = criterion(fwd(x), target)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        return step
 
 
 # ------------------------------------------------------------------------------------------ the planner
@@ -471,22 +250,6 @@ def _batch_measure(cfg: TrainConfig, data: DataSplits, device: torch.device, set
         return probe.n / seconds, torch.cuda.max_memory_allocated(device)
 
     return measure
-
-
-def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProbe:
-    rng = torch.get_rng_state()
-    model = build_model(cfg, data).to(device)
-    torch.set_rng_state(rng)  # the run's model is built from the same seed after planning
-    pre = preprocessing_for(cfg, model, data)
-    mc = model.config
-    augment = BatchAugment(pre["mean"], pre["std"], to_2tuple(mc.img_size), mc.num_classes)
-    return StepProbe(cfg, model, data, device, augment)
-
-
-def _describe_model(model: nn.Module) -> str:
-    c = model.config
-    hybrid = f", {c.hybrid}" if getattr(c, "hybrid", None) else ""
-    return f"depth {c.depth}, width {c.embed_dim}, patch {c.patch_size}{hybrid}"
 
 
 def _budget_left(cfg: TrainConfig, start_time: float) -> float:

@@ -1,0 +1,108 @@
+"""The run's own training step, for timing: the candidates for every ``auto`` setting and a probe that trains a
+copy of the run's model on a real batch (the run's model, optimizer and random state untouched)."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..data.augment import BatchAugment, batches
+from ..data.datasets import DataSplits
+from ..model.config import to_2tuple
+from ..runtime.cpu import reports_bf16_unit
+from ..runtime.precision import autocast_for, matmul_precision
+from .build import apply_layout, build_model, preprocessing_for
+from .config import TrainConfig
+from .optim import build_optimizer, freeze_body
+
+
+def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True) -> list[dict[str, Any]]:
+    """Every combination of the settings left ``auto``. CPU flags only order them: where the CPU reports no bf16
+    unit, fp32 is timed first, so that an emulated bf16 is cut at its first call. The memory layout is a candidate
+    only for a model with a CNN stem (``hybrid``): elsewhere it moves one small convolution."""
+    if cfg.precision != "auto":
+        precisions = [cfg.precision]
+    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        precisions = ["fp32"]
+    elif device.type == "cuda":  # fp32 with TF32 matmuls where the GPU has TF32 tensor cores (Ampere on)
+        precisions = ["bf16", "tf32", "fp32"] if torch.cuda.get_device_capability(device)[0] >= 8 else ["bf16", "fp32"]
+    elif device.type == "cpu":
+        precisions = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
+    else:
+        precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
+    attentions = ["sdpa", "exact"] if cfg.attention == "auto" else [cfg.attention]
+    layouts = ([True, False] if hybrid else [False]) if cfg.channels_last == "auto" else [cfg.channels_last]
+    return [{"precision": p, "attention": a, "channels_last": c} for p in precisions for a in attentions
+            for c in layouts]
+
+
+def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.device) -> dict[str, Any]:
+    """What the step's time depends on, for the cache key."""
+    return {"kind": "train step", "model": model.config.to_dict(), "batch": n, "opt": cfg.opt,
+            "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
+            "threads": torch.get_num_threads()}
+
+
+class StepProbe:
+    """The run's training step on a real batch, for timing: each candidate trains a copy of the model, so the run's
+    own model, optimizer and random state are untouched."""
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device,
+                 augment: BatchAugment) -> None:
+        self.cfg, self.model, self.device, self.augment = cfg, model, device, augment
+        self.n, self.n_train = min(cfg.batch_size, len(data.train)), len(data.train)
+        rng = torch.get_rng_state()
+        x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
+        self.x, self.target = augment(x, y, train=False)
+        torch.set_rng_state(rng)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+
+    def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
+        step = self.make_fed(s, compiled, augment=False)
+        return lambda: step(self.x, self.target)
+
+    def make_fed(self, s: dict[str, Any], compiled: bool = False, augment: bool = True
+                 ) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
+        ``augment``): for timing the data pipeline with the step it feeds."""
+        m = copy.deepcopy(self.model).train()
+        apply_layout(m, s["attention"], s["channels_last"])
+        cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
+                                     "attention": "sdpa", "channels_last": False, "tiers": None})
+        if cfg.freeze_body:
+            freeze_body(m)
+        opt = build_optimizer(m, cfg)
+        fwd = torch.compile(m) if compiled else m
+        criterion, device, precision, aug = self.criterion, self.device, s["precision"], self.augment
+
+        def step(x: torch.Tensor, target: torch.Tensor) -> None:
+            if augment:
+                x, target = aug(x, target, train=True)
+            with matmul_precision(precision):
+                with autocast_for(device, precision):
+                    loss = criterion(fwd(x), target)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        return step
+
+
+def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProbe:
+    rng = torch.get_rng_state()
+    model = build_model(cfg, data).to(device)
+    torch.set_rng_state(rng)  # the run's model is built from the same seed after planning
+    pre = preprocessing_for(cfg, model, data)
+    mc = model.config
+    augment = BatchAugment(pre["mean"], pre["std"], to_2tuple(mc.img_size), mc.num_classes)
+    return StepProbe(cfg, model, data, device, augment)
+
+
+def _describe_model(model: nn.Module) -> str:
+    c = model.config
+    hybrid = f", {c.hybrid}" if getattr(c, "hybrid", None) else ""
+    return f"depth {c.depth}, width {c.embed_dim}, patch {c.patch_size}{hybrid}"

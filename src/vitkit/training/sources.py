@@ -1,0 +1,157 @@
+"""What a run was asked, layered: the shipped recipe (``configs/<dataset>.yaml``, ``finetune.yaml`` with ``--init``,
+or for a folder the recipe its images call for), a ``--config`` file, the flags; a ``--resume``'s saved config.
+The planner (plan.py) then decides every ``auto`` in the result."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_dataset
+from ..interop.pretrained import init_image_size, init_preprocessing
+from ..model.config import to_2tuple
+from .build import init_crop
+from .checkpoint import recover_run
+from .config import TIER_BOUNDS, TrainConfig, lay_over, read_recipe, read_yaml, safe_yaml
+from .recipes import choose_recipe, flips_change_labels
+
+
+@dataclass
+class Sources:
+    """What a run was asked: flags (``given``, TrainConfig keys), model overrides from flags, a config file."""
+
+    given: dict[str, Any] = field(default_factory=dict)
+    model_args: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+
+
+def resolve(src: Sources, say: Callable[[str], None] = print,
+            progress: Callable | None = None) -> tuple[TrainConfig, DataSplits | None, str | None]:
+    """The layered TrainConfig (``auto`` still in it), the data if it had to be read to choose the recipe, and the
+    recipe's name. Tiers keep none of the settings the user gave (the user's file and flags win there too)."""
+    given = dict(src.given)
+    file_cfg = read_yaml(src.config_file) if src.config_file else {}
+    resume = given.get("resume") or file_cfg.get("resume")
+    saved: dict[str, Any] = {}
+    if resume:
+        run_dir = Path(resume if resume != "auto" else (given.get("output") or file_cfg.get("output") or ""))
+        recover_run(run_dir)  # a save killed between its two renames left .last.old: that is last/ again
+        if not (run_dir / "last").exists():
+            if resume != "auto" and not (run_dir / "plan.json").is_file():
+                raise FileNotFoundError(f"--resume {resume}: no run there (no last/ checkpoint, no plan.json)")
+            if resume != "auto":  # a run killed before its first checkpoint: it starts over in its folder
+                given.setdefault("output", str(run_dir))
+            given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
+        elif (run_dir / "config.yaml").is_file():
+            saved = safe_yaml(run_dir / "config.yaml")
+            saved.pop("few_epochs", None)  # a run folder of vitkit before tiers: that key was decided already
+            given["resume"] = str(run_dir)
+            given.setdefault("output", str(run_dir))
+        else:
+            raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
+    if saved:
+        _check_same_model(saved, {**file_cfg, **given}, {**file_cfg.get("model_args", {}), **src.model_args},
+                          given["resume"])
+    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
+    merged: dict[str, Any] = {"dataset": dataset}
+    init = given.get("init") or file_cfg.get("init")
+    data, name = None, None
+    if not saved:
+        if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
+            size = src.model_args.get("img_size") or init_image_size(init)
+            merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
+        if dataset in FILE_DATASETS:
+            probe = {**file_cfg, **given}
+            wanted = src.model_args.get("img_size") or file_cfg.get("model_args", {}).get("img_size")
+            if "folder_max_side" in probe:  # the user's own
+                merged["folder_max_side"] = probe["folder_max_side"]
+            elif wanted and not init and max(to_2tuple(wanted)) > 128:  # photos kept at the size the model reads
+                merged["folder_max_side"] = max(to_2tuple(wanted))
+                say(f"photos kept at up to {merged['folder_max_side']} px a side, the --img-size the model reads "
+                    "(128 otherwise; --folder-max-side N to choose)")
+            data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
+                                probe.get("cache_dir") or default_cache_dir(), progress=progress,
+                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
+                                mode=probe.get("data_mode", "auto"), say=say)
+            name = "finetune" if init else choose_recipe(data)
+            say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
+        else:
+            name = "finetune" if init else dataset
+        if init:
+            say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
+                "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
+                "training size; a --config file or flags override it)")
+            if not init_preprocessing(init).get("mean") and Path(init).is_file():
+                say(f"--init {init}: the file carries no preprocessing, so images are standardised with the "
+                    "dataset's own mean and std; for weights published with theirs (and a resize + crop), `vitkit "
+                    f"import {init} --preprocessing NAME.TAG --out DIR`, then --init DIR")
+            crop = init_crop(init, src.model_args) if dataset in FILE_DATASETS else None
+            if crop:
+                h, w = crop["img_size"]
+                say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
+                    f"alike: short side to {h / crop['crop_pct']:.0f} ({crop['interpolation']}), centre {h}x{w} crop")
+        merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
+        if data is not None and merged.get("hflip") and flips_change_labels(data):
+            merged["hflip"] = False
+            if "hflip" not in given and "hflip" not in file_cfg:
+                say("no horizontal flips: small grayscale images are often digits or characters, which a flip "
+                    "changes (--hflip to flip anyway)")
+    for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
+        merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
+    merged.setdefault("cache_dir", default_cache_dir())
+    if merged.get("init") and "model" not in given and "model" not in file_cfg and not saved:
+        merged["model"] = None  # the weights say the architecture: config.yaml named the default preset instead
+    if (saved or "batch_size" in given or "batch_size" in file_cfg) and "gpu_batch" not in given:
+        merged["gpu_batch"] = False  # the batch the user (or the run being resumed) chose stays
+    if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
+        merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
+                                              {**file_cfg.get("model_args", {}), **src.model_args})
+    if init and not saved and data is not None:
+        n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
+        _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
+    return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any], run: str) -> None:
+    """A resume continues the run's own model on its own data: a --model, --init, model flag or --data-dir that
+    differs would relabel the run without changing its weights (another folder's classes trained onto its head)."""
+    def same(a: Any, b: Any) -> bool:
+        return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+    def same_path(a: Any, b: Any) -> bool:  # data/ and ./data/ are one folder
+        return b is not None and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+    changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
+               if k in users and users[k] != saved.get(k)]
+    if users.get("data_dir") is not None and not same_path(users["data_dir"], saved.get("data_dir")):
+        changed.append(f"data_dir {saved.get('data_dir')!r} -> {users['data_dir']!r}")
+
+    changed += [f"{k} {saved.get('model_args', {}).get(k)!r} -> {v!r}" for k, v in users_model.items()
+                if not same(v, saved.get("model_args", {}).get(k))]
+    if changed:
+        raise ValueError(f"--resume {run} continues that run's model, but the flags or --config change it: "
+                         f"{'; '.join(changed)}. Start a new run (another --output) to train another model")
+
+
+def _without_users_keys(tiers: list[dict[str, Any]], users: dict[str, Any], users_model: dict[str, Any]
+                        ) -> list[dict[str, Any]] | None:
+    """The recipe's tiers without what the user's config file or flags set; None if no tier has anything left."""
+    out = []
+    for tier in tiers:
+        t = {k: v for k, v in tier.items() if k not in users}
+        if isinstance(t.get("model_args"), dict):
+            t["model_args"] = {k: v for k, v in t["model_args"].items() if k not in users_model}
+            if not t["model_args"]:
+                del t["model_args"]
+        out.append(t)
+    return out if any(set(t) - set(TIER_BOUNDS) for t in out) else None
+
+
+def _fit_accumulation(merged: dict[str, Any], n_train: int, user_set: bool, say: Callable[[str], None]) -> None:
+    """The recipe's batch of 512 by accumulation, cut on a small dataset so an epoch keeps 8 optimiser steps."""
+    batch, accum = merged.get("batch_size", 32), merged.get("grad_accum", 1)
+    fitted = max(1, min(accum, n_train // (8 * batch)))
+    if fitted != accum and not user_set:
+        merged["grad_accum"] = fitted
+        say(f"batch {batch} x {fitted} accumulated = {batch * fitted} (not {batch * accum}): {n_train} training "
+            "images would give fewer than 8 optimiser steps an epoch")
