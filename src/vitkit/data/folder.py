@@ -243,7 +243,7 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
                 fingerprint: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                 cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
                 crop: dict[str, Any] | None = None, mode: str = "auto",
-                say: Callable[[str], None] | None = None) -> DataSplits:
+                say: Callable[[str], None] | None = None, kind: str = "folder") -> DataSplits:
     """The images ``items`` names (split -> [(name, class index)], train first), ``reader`` reads (a folder, a zip,
     WebDataset shards, a Hugging Face dataset): decoded into memory, or streamed, as ``mode`` says or (``auto``) the
     memory this process may use allows. ``fingerprint`` changes whenever any image does (the caches' key)."""
@@ -266,10 +266,14 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
         say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
                                                    "anyway)"))
     if mode == "memory" and cached and (hit := load_cached(cache, "classes", "skipped")) is not None:
-        return DataSplits(f"folder:{path}", hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
-    if mode == "stream":
-        return _streamed(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, progress)
-    return _decoded(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, cache, progress)
+        data = DataSplits(path, hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
+    elif mode == "stream":
+        data = _streamed(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, progress)
+    else:
+        data = _decoded(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, cache,
+                        progress)
+    data.name = f"{kind}:{path}"  # "folder:photos.zip", "shards:shards/", "hf:user/name"
+    return data
 
 
 def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
@@ -284,7 +288,7 @@ def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]]
     splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
                              channels, skip_bad_images) for s in items]
     h, w = prep.size  # type: ignore[misc]
-    return DataSplits(f"folder:{path}", splits[0], splits[1], classes, len(listing.skipped),
+    return DataSplits(path, splits[0], splits[1], classes, len(listing.skipped),
                       how=f"streamed from the files at {h}x{w}x{channels}")
 
 
@@ -316,4 +320,4 @@ def _decoded(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]],
         tensors.append(ImageTensors(x[:len(keep)].clone() if len(keep) < len(names) else x,
                                     torch.tensor(keep, dtype=torch.int64)))
     save_cached(cache, tensors[0], tensors[1], {"classes": classes, "skipped": skipped})
-    return DataSplits(f"folder:{path}", tensors[0], tensors[1], classes, skipped)
+    return DataSplits(path, tensors[0], tensors[1], classes, skipped)

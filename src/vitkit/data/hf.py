@@ -146,4 +146,4 @@ def load_hf_splits(path: str, skip_bad_images: bool = False, cache_dir: str | No
            for x in splits.values()]
     fingerprint = f"hf|{path}|{hashlib.sha256(json.dumps(ids).encode()).hexdigest()}"
     return load_images(path, HFReader(path, splits, image), items, classes, fingerprint, skip_bad_images, None,
-                       cache_dir, progress, max_side, crop, mode, say)
+                       cache_dir, progress, max_side, crop, mode, say, "hf")

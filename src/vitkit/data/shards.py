@@ -177,7 +177,7 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
         raise ValueError(f"{root / name[0]}:{name[3]}: class index {outside[0]} is outside the {len(classes)} "
                          f"classes of {CLASSES_FILE if (root / CLASSES_FILE).is_file() else 'classes.txt'}")
     data = load_images(f"{path}", TarReader(root), items, classes, fingerprint, skip_bad_images, None, cache_dir,
-                       progress, max_side, crop, mode, say)
+                       progress, max_side, crop, mode, say, "shards")
     data.skipped += len(skipped)
     return data
 
