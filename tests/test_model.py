@@ -67,7 +67,7 @@ def test_patch_embedding_conv_equals_linear_map_of_flattened_patches():
 def test_patch_embedding_equals_the_stride_p_convolution_in_either_memory_layout(hybrid):
     """E is stored as timm's P x P stride-P convolution; the matmul over (P, P, C)-ordered patches must give the
     convolution's numbers, for images and for a CNN feature map (§3.1), with NCHW or channels-last weights."""
-    from vitkit.training.plan import apply_layout
+    from vitkit.training.build import apply_layout
 
     model = VisionTransformer(tiny_config(img_size=(12, 8), hybrid=hybrid)).eval()  # eval: BN's running statistics
     pe, x = model.patch_embed, torch.randn(2, 3, 12, 8)
