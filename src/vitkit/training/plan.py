@@ -205,8 +205,8 @@ def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p:
                   for k, v in chosen.items()}
         w, rates = choose_workers(data.with_train_fraction(cfg.train_fraction).train, probe.n,
                                   probe.make_fed(chosen), device)
-        p.notes.append(f"data: {data.how}; workers " + ", ".join(f"{k} {v:,.0f} img/s" for k, v in rates.items())
-                       + f" (decoding while the step trains) -> {w}")
+        p.notes.append(f"data: {data.how}; decoding while the step trains, " + ", ".join(
+            f"{k} worker{'s' if k != 1 else ''} {v:,.0f} img/s" for k, v in rates.items()) + f" -> {w}")
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
     p.chosen["workers"] = cfg.workers
     return cfg
