@@ -18,9 +18,5 @@ def run(args: argparse.Namespace) -> int:
     from ..data.shards import SHARD_IMAGES, write_shards
     from .train import _progress
 
-    try:
-        import webdataset  # noqa: F401 - the optional "data" extra
-    except ImportError:
-        raise ValueError("vitkit shard writes with the webdataset package: pip install 'vitkit[data]'") from None
     write_shards(args.data_dir, args.out, args.per_shard or SHARD_IMAGES, args.seed, progress=_progress())
     return 0

@@ -6,7 +6,6 @@ unreadable is named, and the decoded tensors are cached under a key that changes
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import zipfile
@@ -15,12 +14,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from PIL import Image
 
 from ..runtime.memory import available_memory
-from .images import BadImageError, crop_decode_side, fit_within
+from .images import BadImageError, crop_decode_side
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
-from .stream import Prepare, Reader, StreamedImages, kept, list_images
+from .stream import Listing, Prepare, Reader, StreamedImages, header, kept, list_images
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -137,36 +135,31 @@ DECODE_PEAK = 1.1  # peak memory of a decode into memory over the decoded size: 
 # decoded PIL images, their arrays and a stacked copy took 3.6x before: 1.87 GB decoded peaked at 6.73 GB)
 
 
-def estimate_decoded(reader: Reader, names: list[str], size: tuple[int, int] | None, max_side: int,
-                     crop: dict[str, Any] | None, sample: int = 256) -> tuple[int, tuple[int, int], int]:
+def estimate_decoded(reader: Reader, names: list[str], prep: Prepare, sample: int = 256
+                     ) -> tuple[int, tuple[int, int], int]:
     """(images, (H, W) kept, channels) of ``names`` before decoding them, from the headers of up to ``sample`` files
-    spread over them (PIL reads a header without decoding the pixels)."""
-    step = max(1, len(names) // sample)
+    spread over them (stream.header: no pixel decoded), kept by the listing's own rule (stream.kept)."""
     sizes: Counter = Counter()
     gray = True
-    for n in names[::step][:sample]:
+    for n in names[::max(1, len(names) // sample)][:sample]:
         try:
-            with Image.open(io.BytesIO(reader.read(n))) as im:
-                sizes[(im.height, im.width)] += 1
-                gray = gray and im.mode in ("1", "L", "LA", "I", "I;16", "F")
-        except Exception:  # noqa: BLE001 - a bad file is named when it is decoded; here it only counts for less
+            hw, g = header(reader.read(n), reader.where(n))
+        except BadImageError:  # named when it is listed or decoded; here it only counts for less
             continue
-    if crop is not None:
-        keep_hw = tuple(crop["img_size"])
-    elif size is not None:
-        keep_hw = tuple(size)
-    else:
-        common = sizes.most_common(1)[0][0] if sizes else (max_side, max_side)
-        keep_hw = fit_within(common, max_side) or common
-    return len(names), keep_hw, 1 if gray else 3
+        sizes[f"{hw[0]}x{hw[1]}"] += 1
+        gray = gray and g
+    if not sizes and prep.size is None:  # nothing read: the largest the decode side allows
+        return len(names), (prep.decode_side, prep.decode_side), 1 if gray else 3
+    prep, channels = kept(Listing({}, {}, dict(sizes), gray, []), prep)
+    return len(names), prep.size, channels  # type: ignore[return-value]
 
 
 DATA_MODES = ("auto", "memory", "stream")
 
 
-def memory_need(images: int, kept: tuple[int, int], channels: int) -> tuple[int, int]:
+def memory_need(images: int, hw: tuple[int, int], channels: int) -> tuple[int, int]:
     """(decoded bytes, the peak a decode into memory, or a read of its cache, reaches)."""
-    decoded = images * kept[0] * kept[1] * channels
+    decoded = images * hw[0] * hw[1] * channels
     return decoded, int(decoded * DECODE_PEAK)
 
 
@@ -174,14 +167,14 @@ AUTO_SHARE = 0.5  # of the memory the process may use, what data in memory may t
 # rest is the run's own (a 2-core CPU run's step took ~600 MB beside torch's ~800 MB; workers, the page cache)
 
 
-def fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int, share: float = 1.0
+def fits_in_memory(path: str, images: int, hw: tuple[int, int], channels: int, share: float = 1.0
                    ) -> tuple[bool, str]:
     """Whether a decode into memory fits in ``share`` of the memory this process may use (its container's limit
     where it has one), and the sentence with the numbers."""
-    decoded, peak = memory_need(images, kept, channels)
+    decoded, peak = memory_need(images, hw, channels)
     mem = available_memory()
     gib = 2 ** 30
-    what = (f"{path}: {images:,} images kept at {kept[0]}x{kept[1]}x{channels} are {decoded / gib:.2f} GiB decoded, "
+    what = (f"{path}: {images:,} images kept at {hw[0]}x{hw[1]}x{channels} are {decoded / gib:.2f} GiB decoded, "
             f"~{peak / gib:.2f} GiB at the decode's peak")
     if mem is None:  # not Linux: nothing to go by
         return True, what
@@ -189,10 +182,10 @@ def fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int,
         f", and data in memory at most {share:.0%} of it" if share < 1 else "")
 
 
-def check_fits_in_memory(path: str, images: int, kept: tuple[int, int], channels: int) -> None:
+def check_fits_in_memory(path: str, images: int, hw: tuple[int, int], channels: int) -> None:
     """Refuse, before a pixel is decoded, a folder whose decode would not fit in the memory this process may use:
     the kernel's out-of-memory kill at 43% of "decoding train" (exit 137, no message) was the alternative."""
-    ok, what = fits_in_memory(path, images, kept, channels)
+    ok, what = fits_in_memory(path, images, hw, channels)
     if not ok:
         raise ValueError(f"{what}; nothing was decoded. Stream it from the files (--data-mode stream, the choice of "
                          "--data-mode auto), keep the photos smaller (--folder-max-side N, a smaller --img-size), or "
@@ -256,8 +249,7 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
     key = hashlib.sha256(f"{fingerprint}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], size, max_side, crop)
-    cached = cache is not None and cache.is_file()  # decoded before: read back
+    estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], prep)
     if mode == "memory":
         check_fits_in_memory(path, *estimate)
     elif mode == "auto":
@@ -265,47 +257,41 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
         mode = "memory" if ok else "stream"
         say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
                                                    "anyway)"))
-    if mode == "memory" and cached and (hit := load_cached(cache, "classes", "skipped")) is not None:
+    if mode == "memory" and (hit := load_cached(cache, "classes", "skipped")) is not None:  # decoded before
         data = DataSplits(path, hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
-    elif mode == "stream":
-        data = _streamed(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, progress)
-    else:
-        data = _decoded(path, reader, items, classes, prep, fingerprint, skip_bad_images, cache_dir, cache,
-                        progress)
+    else:  # every header read once (cached): the size and channels every image is kept at, in both modes
+        listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
+        if not any(listing.names.values()):
+            raise ValueError(f"{path}: no decodable images")
+        prep, channels = kept(listing, prep)
+        if mode == "stream":
+            data = _streamed(path, reader, listing, classes, prep, channels, skip_bad_images)
+        else:
+            data = _decoded(path, reader, listing, classes, prep, channels, skip_bad_images, cache, progress)
     data.name = f"{kind}:{path}"  # "folder:photos.zip", "shards:shards/", "hf:user/name"
     return data
 
 
-def _streamed(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
-              prep: Prepare, fingerprint: str, skip_bad_images: bool, cache_dir: str | None,
-              progress: Callable | None) -> DataSplits:
+def _streamed(path: str, reader: Reader, listing: Listing, classes: list[str], prep: Prepare, channels: int,
+              skip_bad_images: bool) -> DataSplits:
     """The splits read from their files as the run goes (data/stream.py), each image prepared as ``_decoded``
-    prepares it: the same size and channels, decided from every file's header."""
-    listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
-    if not any(listing.names.values()):
-        raise ValueError(f"{path}: no decodable images")
-    prep, channels = kept(listing, prep)
+    prepares it."""
     splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
-                             channels, skip_bad_images) for s in items]
+                             channels, skip_bad_images) for s in listing.names]
     h, w = prep.size  # type: ignore[misc]
     return DataSplits(path, splits[0], splits[1], classes, len(listing.skipped),
                       how=f"streamed from the files at {h}x{w}x{channels}")
 
 
-def _decoded(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],
-             prep: Prepare, fingerprint: str, skip_bad_images: bool, cache_dir: str | None, cache: Path | None,
-             progress: Callable | None) -> DataSplits:
+def _decoded(path: str, reader: Reader, listing: Listing, classes: list[str], prep: Prepare, channels: int,
+             skip_bad_images: bool, cache: Path | None, progress: Callable | None) -> DataSplits:
     """Every image decoded straight into one preallocated uint8 tensor per split (its size and channels known
     from the headers first), kept in ``cache``: the decode peaks at the tensors' size, not at the decoded images,
     their arrays and a stacked copy (3.6x) as it did before."""
-    listing = list_images(reader, items, fingerprint, skip_bad_images, cache_dir, progress)
-    if not any(listing.names.values()):
-        raise ValueError(f"{path}: no decodable images")
-    prep, channels = kept(listing, prep)
     skipped = len(listing.skipped)
     tensors = []
-    for s in items:
-        names, labels = listing.names[s], listing.labels[s]
+    for s, names in listing.names.items():
+        labels = listing.labels[s]
         x = torch.empty((len(names), channels, *prep.size), dtype=torch.uint8)  # type: ignore[misc]
         keep: list[int] = []
         for n, ci in (progress(list(zip(names, labels)), desc=f"decoding {s}") if progress else zip(names, labels)):

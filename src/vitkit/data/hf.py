@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .folder import MAX_IMAGE_BYTES, load_images
 from .images import BadImageError
 from .splits import DataSplits
+from .stream import check_size
 
 VAL_SPLITS = ("validation", "val", "test", "valid")
 LABEL_COLUMNS = ("label", "labels", "fine_label", "class", "cls")
@@ -106,8 +107,7 @@ class HFReader:
                 raise BadImageError(self.where(name), f"cannot read {cell['path']} ({e})") from None
         if not data:
             raise BadImageError(self.where(name), "no image bytes in this row")
-        if len(data) > MAX_IMAGE_BYTES:
-            raise BadImageError(self.where(name), f"{len(data):,} bytes, more than an image file may have")
+        check_size(len(data), MAX_IMAGE_BYTES, self.where(name))
         return data
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from .folder import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES, folder_items, load_images
 from .images import BadImageError
 from .splits import DataSplits
+from .stream import check_size
 
 IMAGE_KEYS = tuple(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS))
 LABEL_KEY = "cls"
@@ -44,9 +45,7 @@ class TarReader:
 
     def read(self, name: str) -> bytes:
         shard, offset, size, _ = name.split("\t", 3)
-        if int(size) > self.max_bytes:
-            raise BadImageError(self.where(name), f"{int(size):,} bytes, more than the {self.max_bytes:,} an image "
-                                                  "file may have")
+        check_size(int(size), self.max_bytes, self.where(name))
         try:
             with open(self.path / shard, "rb") as f:
                 f.seek(int(offset))
@@ -189,7 +188,10 @@ def write_shards(data_dir: str, out: str, per_shard: int = SHARD_IMAGES, seed: i
     file as it is (no re-encoding) under ``<key>.<ext>`` and its class index under ``<key>.cls``; the training
     images in a seeded random order (a sequential reader's shuffle buffer then mixes classes), and
     ``classes.json`` with the class names. Refuses an ``out`` holding shards already."""
-    import webdataset as wds  # the optional "data" extra: only this command writes shards
+    try:
+        import webdataset as wds  # the optional "data" extra: only this command writes shards
+    except ImportError:
+        raise ValueError("vitkit shard writes with the webdataset package: pip install 'vitkit[data]'") from None
 
     src, classes, items = folder_items(data_dir)
     dest = Path(out)

@@ -55,6 +55,12 @@ class Prepare:
         return a if a.flags.writeable else a.copy()  # (a gray image's array is PIL's read-only buffer)
 
 
+def check_size(size: int, limit: int, where: str) -> None:
+    """A file larger than any image should be (``limit`` bytes) is a BadImageError naming it, before it is read."""
+    if size > limit:
+        raise BadImageError(where, f"{size:,} bytes, more than the {limit:,} an image file may have")
+
+
 class Reader:
     """Reads members of a folder or zip; a zip is opened again in each process (a file handle shared with forked
     DataLoader workers would interleave their reads)."""
@@ -80,9 +86,7 @@ class Reader:
                 size = self._zip.getinfo(name).file_size
             else:
                 size = (self.path / name).stat().st_size
-            if size > self.max_bytes:  # known before a byte is inflated: a zip bomb is refused at once
-                raise BadImageError(self.where(name), f"{size:,} bytes, more than the {self.max_bytes:,} an image "
-                                                      "file may have")
+            check_size(size, self.max_bytes, self.where(name))  # before a byte is inflated: a zip bomb is refused
             return self._zip.read(name) if self._zip is not None else (self.path / name).read_bytes()
         except (OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
             raise BadImageError(self.where(name), f"cannot read it ({type(e).__name__}: {e})") from None

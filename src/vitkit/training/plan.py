@@ -121,8 +121,6 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "")
-        if data.streamed:
-            cfg = _decide_workers(cfg, data, device, p)
     if world > 1:
         cfg = _from_rank0(cfg, p, device)
     if threads_note:
@@ -144,6 +142,7 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
             or grow):
         p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                         channels_last=cfg.channels_last)
+        cfg = _decide_workers(cfg, data, device, p)
         if cfg.time_limit:
             check_budget(cfg.time_limit, time.time() - start_time, 0.0, cfg.batch_size, len(data.train),
                          len(data.val))
@@ -186,6 +185,7 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
     p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                     channels_last=cfg.channels_last)
+    cfg = _decide_workers(cfg, data, device, p, probe)
     if cfg.time_limit:  # (without a timed step: planning alone must fit)
         step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
         check_budget(cfg.time_limit, time.time() - start_time, step_s * cfg.batch_size / probe.n * cfg.grad_accum,
@@ -193,18 +193,18 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     return cfg
 
 
-def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan) -> TrainConfig:
+def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan,
+                    probe: StepProbe | None = None) -> TrainConfig:
     """A streamed dataset: how many DataLoader workers decode while the run's step trains (stream.choose_workers:
     the pipeline timed with each count, on the chosen settings' eager step), unless ``--workers`` said."""
+    if not data.streamed:
+        return cfg
     if cfg.workers is not None:
         p.notes.append(f"data: {data.how}, {cfg.workers} workers (--workers)")
     else:
-        probe = _probe(cfg, data, device)
-        chosen = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
-        chosen = {k: ("fp32" if k == "precision" else "sdpa" if k == "attention" else False) if v == "auto" else v
-                  for k, v in chosen.items()}
-        w, rates = choose_workers(data.with_train_fraction(cfg.train_fraction).train, probe.n,
-                                  probe.make_fed(chosen), device)
+        probe = probe or _probe(cfg, data, device)
+        settings = {k: getattr(cfg, k) for k in ("precision", "attention", "channels_last")}  # decided by now
+        w, rates = choose_workers(data.train, probe.n, probe.make_fed(settings), device)
         p.notes.append(f"data: {data.how}; decoding while the step trains, " + ", ".join(
             f"{k} worker{'s' if k != 1 else ''} {v:,.0f} img/s" for k, v in rates.items()) + f" -> {w}")
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
