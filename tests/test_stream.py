@@ -198,3 +198,25 @@ def test_worker_count_is_measured_on_the_pipeline(tmp_path):
     assert rates[w] >= 0.95 * max(rates.values())
     assert sum(seen) == 8 * (1 + 3 + 2 + 3 + 3 + 3)  # warm-up (workers + 1) and timed batches, each candidate
     assert worker_candidates(2) == [1, 2] and worker_candidates(16) == [1, 2, 4, 8, 16]
+
+
+def test_odd_streaming_flags_are_one_line_before_any_image_is_read(tmp_path, capsys):
+    root = write_digits_folder(tmp_path / "d", per_class=2, size=16)
+    z = tmp_path / "d.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        for p in sorted(root.rglob("*.png")):
+            f.write(p, p.relative_to(root))
+    for args, message in ((["--dataset", "folder", "--data-dir", str(root), "--workers", "-1"],
+                           "--workers: expected a whole number (0 or more), got '-1'"),
+                          (["--dataset", "shards", "--data-dir", str(z)],
+                           "a file, not a folder of shards"),
+                          (["--dataset", "folder", "--data-dir", str(root), "--data-mode", "disk"],
+                           "data_mode must be one of ('auto', 'memory', 'stream')")):
+        try:
+            code = main(["train", *args, "--cache-dir", str(tmp_path / "c"), "--output", str(tmp_path / "r")])
+        except SystemExit as e:  # argparse's own refusal of a flag's value
+            code = e.code
+        assert code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").glob("folder-*"))

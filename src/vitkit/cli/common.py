@@ -60,6 +60,12 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def whole_number(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number (0 or more), got {text!r}")
+    return int(text)
+
+
 def add_threads_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (default: PyTorch's, one per core; batches of images split well across them)")

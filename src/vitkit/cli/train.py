@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .common import add_data_flags, add_model_flags, model_overrides, positive_int
+from .common import add_data_flags, add_model_flags, model_overrides, positive_int, whole_number
 
 # flag -> TrainConfig field (type, help); every default is "not given" so layering works
 TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
@@ -51,7 +51,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--data-mode",): ("data_mode", str, "--dataset folder: memory (decoded once, the fastest) | stream (read from "
                                          "the files by DataLoader workers, for data larger than memory) | auto "
                                          "(streams what would not fit in the memory this process may use)"),
-    ("--workers",): ("workers", int, "streaming: DataLoader worker processes (default: measured on the run's step)"),
+    ("--workers",): ("workers", whole_number, "streaming: DataLoader worker processes (default: measured on the "
+                                              "run's step)"),
     ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "
                                            "schedule up to this many epochs (default: the recipe's; most keep "
                                            "their epochs)"),

@@ -59,6 +59,9 @@ class TarReader:
 
 def shard_files(root: Path) -> dict[str, list[Path]]:
     """``{"train": [...], "val": [...]}``: the shards of each split, in name order."""
+    if root.is_file():
+        raise ValueError(f"{root}: a file, not a folder of shards (train-000000.tar, ..., val-000000.tar, ...); a zip "
+                         "of images in folders is --dataset folder")
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder of shards (train-000000.tar, ..., val-000000.tar, ...)")
     train = sorted(root.glob("train-*.tar")) or sorted(root.glob("train*.tar"))
