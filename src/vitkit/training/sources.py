@@ -79,8 +79,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             name = "finetune" if init else dataset
         if init:
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
-                "decay, warmup + cosine, gradient clipping at 1, new zero head, position embeddings resampled to the "
-                "training size; a --config file or flags override it)")
+                "decay, cosine decay, gradient clipping at 1, new zero head; with the official code's linear warmup; "
+                "position embeddings resampled to the training size; a --config file or flags override it)")
             if not init_preprocessing(init).get("mean") and Path(init).is_file():
                 say(f"--init {init}: the file carries no preprocessing, so images are standardised with the "
                     "dataset's own mean and std; for weights published with theirs (and a resize + crop), `vitkit "
