@@ -40,6 +40,10 @@ def read_csv(path: str, cols: list[str] | None = None) -> tuple[list[str], list[
     with open(ROOT / path, newline="") as f:
         reader = csv.DictReader(f)
         rows, header = list(reader), reader.fieldnames or []
+    for n, r in enumerate(rows, start=2):  # an unquoted comma splits a cell: the row has more fields than the header
+        if None in r or None in r.values():
+            raise ValueError(f"{path}, line {n}: {len(header)} columns expected ({', '.join(header)}); "
+                             "a cell holding a comma must be quoted")
     names = cols or header
     missing = [c for c in names if c not in header]
     if missing or not rows:
