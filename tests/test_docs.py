@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,36 @@ def update_page(page: Path, printed: dict[int, str], refresh: bool = False) -> i
 
 # the team's real-photo sets (../shared/data, see its README): a page whose code reads one finds it in its folder
 SHARED_DATA = [ROOT.parent / "shared" / "data", Path("/work/shared/data")]
+
+
+PRINTED_ON = ROOT / "docs" / "tutorials" / "printed-on.json"
+
+
+def record_printed_on(page: Path, seconds: float) -> None:
+    """Write where and when a page's outputs were printed (``--update --refresh``) into PRINTED_ON, which the site
+    shows at the top of the page: every number a page prints comes with its machine."""
+    import datetime
+    import json
+
+    import torch
+
+    from vitkit.runtime.cpu import machine_name
+
+    known = json.loads(PRINTED_ON.read_text()) if PRINTED_ON.exists() else {}
+    known[page.name] = {"machine": machine_name(torch.device("cpu")), "torch": torch.__version__.split("+")[0],
+                        "date": datetime.date.today().isoformat(), "seconds": round(seconds)}
+    PRINTED_ON.write_text(json.dumps(dict(sorted(known.items())), indent=1, ensure_ascii=False) + "\n")
+
+
+def test_every_tutorial_says_where_its_outputs_were_printed() -> None:
+    import json
+
+    known = json.loads(PRINTED_ON.read_text())
+    missing = [p.name for p in TUTORIALS if p.name not in known]
+    assert not missing, f"no machine recorded for {missing}: run `python tests/test_docs.py --update --refresh PAGE`"
+    for name, entry in known.items():
+        assert {"machine", "torch", "date", "seconds"} <= set(entry), name
+        assert "cores" in entry["machine"] or "GPU" in entry["machine"], entry
 
 
 def link_shared_data(page: Path, cwd: Path) -> None:
@@ -269,10 +300,13 @@ if __name__ == "__main__":
     target = Path(args[0]).resolve()
     folder = Path(args[1]).resolve() if len(args) > 1 else Path(tempfile.mkdtemp(prefix="vitkit-page-"))
     link_shared_data(target, folder)
+    started = time.monotonic()
     out = run_page(target, folder)
     if "--update" in sys.argv:
         for p in (target, *translations(target)):
             print(f"{p.name}: {update_page(p, out, '--refresh' in sys.argv)} output block(s) written (ran in {folder})")
+        if "--refresh" in sys.argv:  # the numbers now on the page are this machine's: say which machine, and when
+            record_printed_on(target, time.monotonic() - started)
     else:
         problems = [m for p in (target, *translations(target)) for m in mismatches(p, out)]
         print("\n\n".join(problems) or f"{target.name}: shows what it prints (ran in {folder})")

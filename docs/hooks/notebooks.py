@@ -151,4 +151,22 @@ def on_page_markdown(markdown, page, config, files):  # type: ignore[no-untyped-
         return markdown
     name = Path(src).name[:-3] + ".ipynb"
     title, _, rest = markdown.partition("\n")
-    return f"{title}\n\n[{LINK[_language(src)]}]({name}){{ download }}\n{rest}"
+    return f"{title}\n\n[{LINK[_language(src)]}]({name}){{ download }}\n{printed_on(src)}{rest}"
+
+
+PRINTED = {"en": "The outputs on this page were printed on {machine} with torch {torch} on {date}; the whole page "
+                 "ran in {seconds} s there.",
+           "ko": "이 페이지의 출력은 {machine}에서 torch {torch}로 {date}에 찍은 것입니다. 그 기계에서 페이지 전체가 "
+                 "{seconds}초 걸렸습니다."}
+
+
+def printed_on(src_uri: str) -> str:
+    """The line that names the machine a tutorial's outputs come from (tests/test_docs.py --update --refresh writes
+    docs/tutorials/printed-on.json)."""
+    import json
+
+    english = Path(src_uri).name.split(".")[0] + ".md"
+    known = json.loads((DOCS / "tutorials" / "printed-on.json").read_text())
+    if english not in known:
+        return ""
+    return "\n<small>" + PRINTED[_language(src_uri)].format(**known[english]) + "</small>\n"
