@@ -239,8 +239,26 @@ def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_editio
     assert 'href="vit-shape-by-shape.ipynb"' in page or "vit-shape-by-shape.ipynb" in page
     # the Korean edition: its own pages, the English ones where none is translated, the language switch
     ko = (site / "ko" / "tutorials" / "vit-shape-by-shape" / "index.html").read_text()
-    assert "텐서 모양을 따라가며" in ko and "image (1, 3, 224, 224) patches 196" in ko and 'lang="ko"' in ko
-    assert (site / "ko" / "tutorials" / "look-inside" / "index.html").exists()  # falls back to English
+    assert "입력을 텐서 모양으로 따라가기" in ko and "image (1, 3, 224, 224) patches 196" in ko and 'lang="ko"' in ko
+    assert "이 페이지의 출력은" in ko  # the machine its outputs were printed on
+    # every page of the learning path is in Korean; a page that is not yet says so in Korean
+    for md in TUTORIALS:
+        assert md.with_name(md.name[:-3] + ".ko.md").exists(), f"{md.name} has no Korean translation"
+        assert "아직 영어" not in (site / "ko" / "tutorials" / md.name[:-3] / "index.html").read_text()
+    assert "이 페이지는 아직 영어입니다" in (site / "ko" / "results" / "index.html").read_text()
+    assert "이 페이지는 아직 영어입니다" not in (site / "results" / "index.html").read_text()
+    # site_url: the sitemap and the language menu hold the published addresses, under its sub-path
+    sitemap = (site / "sitemap.xml").read_text()
+    assert "None" not in sitemap and "<loc>https://" in sitemap
+    assert 'hreflang="ko"' in page and 'href="/en/latest/ko/' in page
+    # a notebook downloaded on its own: figures embedded, links to the published site, exercises to fill in
+    nb = nbformat.reads((site / "tutorials" / "look-inside.ipynb").read_text(), as_version=4)
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "../figures/" not in prose and ".md)" not in prose and "](https://" in prose, prose[:2000]
+    assert any(c.get("attachments") for c in nb.cells if c.cell_type == "markdown")
+    answer = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("# Your answer")]
+    assert answer and all(nb.cells[i + 2].metadata["jupyter"]["source_hidden"] for i in answer)
+    assert "/// details" not in prose
     assert "한국어" in page and "/ko/" in page
     # the annotated model holds every line of model/vit.py that is not a docstring
     annotated_page = (site / "reference" / "annotated-vit" / "index.html").read_text()
@@ -277,6 +295,57 @@ def _math_renders_offline(page: Path) -> None:
         finally:
             browser.close()
     assert rendered == raw > 4 and errors == 0  # every equation, none left as raw LaTeX
+
+
+def test_no_diary_in_the_user_pages() -> None:
+    """The facts stay on the user pages, keyed by CPU kind and date; how they came about (the working sessions)
+    lives on one page, the measurement log."""
+    found = []
+    for md in sorted((ROOT / "docs").rglob("*.md")):
+        if md.name == "measurement-log.md":
+            continue
+        text = md.read_text()
+        code = {i for f in fences(md) for i in range(f.start, f.end)}
+        found += [f"{md.relative_to(ROOT)}:{n + 1}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines())
+                  if n not in code and "session" in line.lower()]
+    assert not found, "\n".join(found)
+
+
+def test_a_notebook_turns_exercises_into_answer_cells_and_links_to_the_site(tmp_path: Path) -> None:
+    import notebooks  # docs/hooks/notebooks.py
+
+    page = ("# T\n\nSee [page 1](vit-shape-by-shape.md#an-image) and ![fig](../figures/fmnist-curves.png).\n\n"
+            "```python\nprint(1)\n```\n```output\n1\n```\n\n1. Add one.\n\n/// details | Solution\n"
+            "    type: success\n\nAdd it.\n\n```python\nprint(2)\n```\n```output\n2\n```\n///\n\n"
+            "2. Why?\n\n/// details | Solution\n    type: success\n\nBecause.\n///\n")
+    nb = notebooks.notebook(page, "tutorials/t.md", "https://example.org/docs/", "en")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.source for c in code] == ["print(1)", notebooks.ANSWER["en"], "print(2)"]
+    assert code[0].outputs[0].text == "1\n" and "jupyter" not in code[0].metadata
+    assert code[2].metadata["jupyter"] == {"source_hidden": True} and code[2].outputs[0].text == "2\n"
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "[page 1](https://example.org/docs/tutorials/vit-shape-by-shape/#an-image)" in prose
+    assert "attachment:figures-fmnist-curves.png" in prose and "///" not in prose
+    assert "<details><summary>Solution</summary>" in prose and "Because." in prose
+    ko = notebooks.notebook(page, "tutorials/t.ko.md", "https://example.org/docs/", "ko")
+    assert "https://example.org/docs/ko/tutorials/vit-shape-by-shape/" in "".join(c.source for c in ko.cells)
+
+
+def test_a_downloaded_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
+    """The notebook of "Build your own ViT", away from the site, in a Jupyter kernel (nbclient): every cell runs,
+    the reader's empty answer cells included."""
+    import nbclient
+    import nbformat
+    import notebooks  # docs/hooks/notebooks.py
+
+    md = ROOT / "docs" / "tutorials" / "my-vit.md"
+    nb = notebooks.notebook(md.read_text(), "tutorials/my-vit.md", "https://example.org/", "en")
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                            ).execute()
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "logits (5, 10) match: True" in printed and "fused attention: the same logits" in printed
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    nbformat.validate(nb)
 
 
 def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:

@@ -166,7 +166,8 @@ def printed_on(src_uri: str) -> str:
     import json
 
     english = Path(src_uri).name.split(".")[0] + ".md"
-    known = json.loads((DOCS / "tutorials" / "printed-on.json").read_text())
+    path = DOCS / "tutorials" / "printed-on.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
     if english not in known:
         return ""
     return "\n<small>" + PRINTED[_language(src_uri)].format(**known[english]) + "</small>\n"
