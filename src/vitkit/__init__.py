@@ -25,15 +25,25 @@ from .model.registry import create_model as _create_preset, list_models as _list
 __version__ = "0.1.0"
 
 
-def create_model(name: str, pretrained: Any = False, **overrides: Any) -> VisionTransformer:
+def create_model(name: str, pretrained: Any = False, features_only: bool = False,
+                 out_indices: int | list[int] = 3, **overrides: Any) -> Any:
     """A preset (``vit_base_patch16_224``), or pretrained weights: ``pretrained=True`` with a registered name
     (``vit_base_patch16_224.augreg2_in21k_ft_in1k``, ``google/vit-base-patch16-224``), or ``pretrained=`` a Hub id,
-    URL or local path. See ``vitkit.interop.pretrained.create_model``."""
-    if not pretrained and name in PRESETS:
-        return _create_preset(name, **overrides)
-    from .interop.pretrained import create_model as create  # downloads and converters load on first use
+    URL or local path. See ``vitkit.interop.pretrained.create_model``.
 
-    return create(name, pretrained, **overrides)
+    ``features_only=True`` (as timm's): a backbone whose forward gives the feature maps (B, D, h, w) of the blocks
+    ``out_indices`` (an int: the last n; a list: those blocks), the model pruned after the deepest of them."""
+    if not pretrained and name in PRESETS:
+        model = _create_preset(name, **overrides)
+    else:
+        from .interop.pretrained import create_model as create  # downloads and converters load on first use
+
+        model = create(name, pretrained, **overrides)
+    if features_only:
+        from .model.backbone import FeatureExtractor
+
+        return FeatureExtractor(model, out_indices)
+    return model
 
 
 def list_models(pattern: str = "", pretrained: bool = False) -> list[str]:

@@ -1,5 +1,6 @@
-"""``vitkit inspect {attention,rollout,distance,posemb,filters} --checkpoint DIR [--image IMG] --out FILE.png``, and
-``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``."""
+"""``vitkit inspect {attention,rollout,distance,posemb,filters,features} --checkpoint DIR [--image IMG] --out
+FILE.png``, and ``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``. ``--input-size H W``
+runs any of them at another (non-square) size, ``--keep-aspect`` at the image's own aspect ratio."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from .common import add_data_flags, add_weights_flags, load_data_from_args, load_weights, positive_int
 
-KINDS = ("attention", "rollout", "distance", "posemb", "filters", "explain")
+KINDS = ("attention", "rollout", "distance", "posemb", "filters", "features", "explain")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
     p.add_argument("--image", default=None, help="image file (default: the first validation image of the dataset)")
     p.add_argument("--out", required=True, help="PNG file to write (explain: a folder)")
-    p.add_argument("--layer", type=int, default=-1, help="attention: which layer (default: the last)")
+    p.add_argument("--layer", type=int, default=-1, help="attention, features: which block, from 0 (negative: from "
+                   "the end; default: the last)")
+    p.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
+                   help="run the model at H x W (any multiple of the patch, non-square too): E_pos resampled in 2-D "
+                        "(§3.2) and the images resized to it")
+    p.add_argument("--keep-aspect", action="store_true",
+                   help="with --image: run at the image's own aspect ratio (its longer side at the model's size, "
+                        "both sides rounded to the patch)")
     p.add_argument("--num-images", type=positive_int, default=None,
                    help="distance: images sampled from the dataset (default 256); explain: without image files, "
                         "validation images explained (default 8)")
@@ -64,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                          "inspect explain")
     if args.kind == "explain":
         return explain(args)
-    model = load_weights(args).eval()
+    model = resized(load_weights(args).eval(), args)
     pre = preprocessing_of(model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -91,12 +99,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         x, shown = _sample_images(args, model, pre, 1)
         x = x[:1]
-        if args.kind == "rollout":
+        if args.kind == "features":
+            layer = _block(model, args.layer)
+            pca, share = analysis.feature_pca(model, x, layer)
+            plots.plot_features(shown, pca[0], share, out, layer)
+            print(f"block {layer}: a {pca.shape[1]}x{pca.shape[2]} map of {model.config.embed_dim}-dim patch tokens; "
+                  f"first principal components {', '.join(f'{100 * s:.1f}%' for s in share)} of the variance")
+        elif args.kind == "rollout":
             heat = analysis.attention_rollout(model, x)[0]
             plots.plot_overlay(shown, heat, out, "attention rollout")
         else:
             attns = analysis.attention_maps(model, x)
-            layer = args.layer if args.layer >= 0 else len(attns) + args.layer
+            layer = _block(model, args.layer)
             a = attns[layer][0]  # h t t
             grid = model.patch_embed.grid_for(tuple(x.shape[-2:]))
             n0 = model.num_prefix_tokens  # register tokens are left out of the maps: they are not patches
@@ -109,6 +123,39 @@ def run(args: argparse.Namespace) -> int:
                                        out, layer + 1)
     print(f"wrote {out}")
     return 0
+
+
+def _block(model, layer: int) -> int:  # type: ignore[no-untyped-def]
+    """--layer as a block index from 0, or one line naming the range."""
+    from ..model.backbone import take_indices
+
+    return take_indices(len(model.blocks), [layer])[0][0]
+
+
+def resized(model, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The model rebuilt once for --input-size, or for --image at its own aspect ratio with --keep-aspect."""
+    size = args.input_size
+    if args.keep_aspect:
+        if args.input_size:
+            raise ValueError("--keep-aspect and --input-size both set the size: give one")
+        if not args.image:
+            raise ValueError("--keep-aspect takes the aspect ratio of --image IMG; without an image, give "
+                             "--input-size H W")
+        from PIL import Image
+
+        from ..model.config import to_2tuple
+
+        with Image.open(args.image) as im:
+            w, h = im.size
+        side = max(to_2tuple(model.config.img_size))
+        unit = model.patch_embed.patch_size[0] * model.patch_embed.stride
+        scale = side / max(h, w)
+        size = [max(unit, round(h * scale / unit) * unit), max(unit, round(w * scale / unit) * unit)]
+    if size:
+        model.set_input_size(img_size=tuple(size))
+        print(f"input size {size[0]}x{size[1]}: {model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]} "
+              "patches, position embeddings resampled in 2-D (§3.2)")
+    return model
 
 
 RESERVED = {"faithfulness"}  # explain's own outputs beside the figures
@@ -142,7 +189,12 @@ def explain(args: argparse.Namespace) -> int:
     from ..inspect.explain import METHODS, check_method, class_names_of, explain, faithfulness, resolve_target
 
     methods = list(METHODS) if args.method == "all" else [check_method(m.strip()) for m in args.method.split(",")]
-    model = load_weights(args).eval()
+    if args.keep_aspect:  # the aspect ratio of the one image explained
+        if len(args.images) != 1 or Path(args.images[0]).is_dir():
+            raise ValueError("--keep-aspect explains one image file at its own aspect ratio; for several, give "
+                             "--input-size H W")
+        args.image = args.images[0]
+    model = resized(load_weights(args).eval(), args)
     if args.target is not None:
         resolve_target(class_names_of(model), args.target)  # an unknown class is said before any image is read
     pre = preprocessing_of(model)

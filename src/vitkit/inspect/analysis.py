@@ -128,3 +128,25 @@ def mean_attention_distance(model, images: torch.Tensor, batch_size: int = 64) -
         parts.append(mean_distance_from_attentions(attns, model.num_prefix_tokens, _grid_of(model, chunk), patch))
         weights.append(len(chunk))
     return np.average(np.stack(parts), axis=0, weights=weights)
+
+
+# ------------------------------------------------------------------------------------------------ intermediate layers
+def feature_pca(model, images: torch.Tensor, layer: int = -1,  # type: ignore[no-untyped-def]
+                components: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """The patch tokens of block ``layer`` (``forward_intermediates``), projected on their first ``components``
+    principal components over all the images' patches, each scaled to [0, 1]: (B, gh, gw, components) and each
+    component's share of the variance. Three components read as RGB: patches the block represents alike share a
+    colour (the picture DINOv2's authors draw of its features)."""
+    with torch.no_grad():
+        (maps,) = model.forward_intermediates(images, indices=[layer], intermediates_only=True, output_fmt="NLC")
+    b, n, d = maps.shape
+    tokens = maps.reshape(b * n, d).double()
+    tokens = tokens - tokens.mean(dim=0)
+    _, s, v = torch.linalg.svd(tokens, full_matrices=False)
+    k = min(components, v.shape[0])
+    proj = tokens @ v[:k].T  # (B N, k)
+    lo, hi = proj.min(dim=0).values, proj.max(dim=0).values
+    proj = (proj - lo) / (hi - lo).clamp_min(1e-12)
+    grid = model.patch_embed.grid_for((images.shape[-2], images.shape[-1]))
+    share = (s**2 / (s**2).sum())[:k]
+    return proj.reshape(b, *grid, k).float().numpy(), share.float().numpy()

@@ -188,3 +188,21 @@ def plot_faithfulness(rows: list[dict], out: Path, title: str = "Faithfulness") 
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def plot_features(image: np.ndarray, pca: np.ndarray, share: np.ndarray, out: Path, layer: int) -> None:
+    """The image beside the first three principal components of one block's patch tokens as RGB, at the image's
+    size (each patch a flat block of colour: the map has one value per patch)."""
+    img = _image_for_display(image)
+    rgb = np.repeat(np.repeat(pca, img.shape[0] // pca.shape[0], axis=0), img.shape[1] // pca.shape[1], axis=1)
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4 * img.shape[0] / img.shape[1] + 0.6))
+    axes[0].imshow(img, cmap="gray" if img.ndim == 2 else None)
+    axes[0].set_title(f"input, {img.shape[0]}x{img.shape[1]}"), axes[0].axis("off")
+    axes[1].imshow(rgb[..., :3] if rgb.shape[-1] >= 3 else rgb[..., 0], cmap=None if rgb.shape[-1] >= 3 else "gray")
+    explained = ", ".join(f"{100 * s:.0f}%" for s in share)
+    axes[1].set_title(f"block {layer}: patch tokens, first principal components as RGB\n"
+                      f"({pca.shape[0]}x{pca.shape[1]} patches; variance {explained})", fontsize=9)
+    axes[1].axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

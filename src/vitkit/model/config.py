@@ -65,6 +65,10 @@ class ViTConfig:
     layer_scale: float | None = None
     # q/k normalisation (Dehghani et al. 2023, ViT-22B): a LayerNorm on each head's queries and keys.
     qk_norm: bool = False
+    # Any H x W divisible by the patch, E_pos resampled in 2-D for each input's grid (§3.2; timm's
+    # dynamic_img_size=True, which vitkit's models always were). False: only img_size, other sizes refused (timm's
+    # default); model.set_input_size rebuilds the model for another size once.
+    dynamic_img_size: bool = True
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0

@@ -37,11 +37,18 @@ def resample_pos_embed(
         raise ValueError(f"old_grid {old_grid} has {old_grid[0] * old_grid[1]} cells but pos_embed has {n} grid tokens")
     if old_grid == new_grid:
         return pos_embed
-    grid = grid.reshape(1, *old_grid, dim).permute(0, 3, 1, 2)  # 1 (h w) d -> 1 d h w
-    grid = F.interpolate(grid.float(), size=new_grid, mode=interpolation, align_corners=False,
-                         antialias=interpolation in ("bilinear", "bicubic"))
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)  # 1 d h w -> 1 (h w) d
-    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)
+    return torch.cat([prefix, interpolate_grid(grid, old_grid, new_grid, interpolation)], dim=1)
+
+
+def interpolate_grid(grid: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple, interpolation: str = "bicubic"
+                     ) -> torch.Tensor:
+    """The patch rows of a table, (1, gh*gw, D) -> (1, h*w, D), in 2-D. No checks, so that it also runs under
+    torch.export with a symbolic ``new_grid`` (an ONNX export with a dynamic H and W resamples in the graph)."""
+    dim = grid.shape[2]
+    out = grid.reshape(1, *old_grid, dim).permute(0, 3, 1, 2)  # 1 (h w) d -> 1 d h w
+    out = F.interpolate(out.float(), size=new_grid, mode=interpolation, align_corners=False,
+                        antialias=interpolation in ("bilinear", "bicubic"))
+    return out.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(grid.dtype)  # 1 d h w -> 1 (h w) d
 
 
 def sincos_2d_pos_embed(grid: tuple[int, int], dim: int, num_prefix_tokens: int = 0,

@@ -21,9 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .backbone import Backbone
 from .config import ViTConfig, to_2tuple
 from .hybrid import cnn_stem
-from .posembed import resample_pos_embed, sincos_2d_pos_embed
+from .posembed import interpolate_grid, resample_pos_embed, sincos_2d_pos_embed
 from .serialization import save_pretrained
 
 
@@ -255,7 +256,7 @@ class PatchEmbed(nn.Module):
         return F.linear(x_p, E, self.proj.bias)  # (B, N, D)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Backbone, nn.Module):
     """ViT (Dosovitskiy et al., 2021). ``forward`` gives logits; ``forward_attention`` also every layer's attention."""
 
     def __init__(self, config: ViTConfig) -> None:
@@ -326,14 +327,26 @@ class VisionTransformer(nn.Module):
         if x.ndim != 4 or x.shape[1] != self.patch_embed.in_chans:
             raise ValueError(f"expected images of shape (B, {self.patch_embed.in_chans}, H, W), "
                              f"got {tuple(x.shape)}")
-        return self.patch_embed.grid_for((x.shape[2], x.shape[3]))
+        hw = (x.shape[2], x.shape[3])
+        if not self.config.dynamic_img_size and hw != to_2tuple(self.config.img_size):
+            raise ValueError(f"this model takes {to_2tuple(self.config.img_size)} images, got {hw}: build it with "
+                             "dynamic_img_size=True (any size divisible by the patch) or call "
+                             f"model.set_input_size(img_size={hw})")
+        return self.patch_embed.grid_for(hw)
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
         """E_pos for this grid: the stored table, or resampled (§3.2) when the image size differs."""
-        if self.pos_embed is None or grid == self.patch_embed.grid_size:
+        if self.pos_embed is None:
+            return None
+        symbolic = any(isinstance(g, torch.SymInt) for g in grid)  # exported with a dynamic H and W
+        if not symbolic and grid == self.patch_embed.grid_size:
             return self.pos_embed
         if self.config.pos_embed == "sincos2d":
             return self._sincos(grid).to(self.pos_embed)
+        if symbolic:  # no branch on the size: the graph resamples for whatever size it is given
+            n = self.config.pos_prefix_tokens
+            return torch.cat([self.pos_embed[:, :n],
+                              interpolate_grid(self.pos_embed[:, n:], self.patch_embed.grid_size, grid)], dim=1)
         return resample_pos_embed(self.pos_embed, grid, self.config.pos_prefix_tokens, self.patch_embed.grid_size)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

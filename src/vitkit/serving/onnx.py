@@ -28,7 +28,9 @@ from ..model.vit import VisionTransformer, set_attention
 def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, atol: float = 1e-4,
                 int8: bool = False) -> float:
     """Write ``model`` to ``path`` and return the max abs difference of onnxruntime's logits to PyTorch's on a
-    batch of 3 (a different batch size than traced: the batch axis is dynamic). Raises if above ``atol``.
+    batch of 3 (a different batch size than traced: the batch axis is dynamic). Raises if above ``atol``. A model
+    with ``dynamic_img_size`` (vitkit's default) is exported with a dynamic height and width too (any multiple of
+    the patch; E_pos is resampled inside the graph) and checked at three sizes, non-square ones included.
 
     ``int8``: the fp32 export is checked as above, then quantized (``quantize_int8``) into ``path``; the returned
     number is then the int8 file's relative logit error to PyTorch (``check_int8``)."""
@@ -47,12 +49,17 @@ def export_onnx(model: VisionTransformer, path: str | Path, opset: int = 18, ato
             set_attention(m, "exact")  # plain MatMul/Softmax: every ONNX runtime has them
             c = m.config
             x = torch.randn(2, c.in_chans, *to_2tuple(c.img_size))
-            batch = torch.export.Dim("batch", min=1, max=4096)
+            axes: dict[int, object] = {0: torch.export.Dim("batch", min=1, max=4096)}
+            if c.dynamic_img_size:  # H and W as multiples of the patch (x the hybrid's stride): the only valid sizes
+                pe = m.patch_embed
+                unit = pe.patch_size[0] * pe.stride, pe.patch_size[1] * pe.stride
+                axes[2] = unit[0] * torch.export.Dim("grid_h", min=1, max=1024)
+                axes[3] = unit[1] * torch.export.Dim("grid_w", min=1, max=1024)
             torch.onnx.export(m, (x,), str(part), input_names=["pixel_values"], output_names=["logits"],
-                              opset_version=opset, dynamic_shapes={"x": {0: batch}}, dynamo=True, external_data=False,
+                              opset_version=opset, dynamic_shapes={"x": axes}, dynamo=True, external_data=False,
                               verbose=False)
             write_metadata(part, {"vitkit.config": m.config.to_dict(), "vitkit.preprocessing": preprocessing_of(model)})
-            diff = check_onnx(m, part, atol)
+            diff = max(check_onnx(m, part, atol, size=size) for size in check_sizes(m))
         os.replace(part, path)
     return diff
 
@@ -81,16 +88,29 @@ def ort_session(path: str | Path, threads: int | None = None):  # type: ignore[n
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3) -> float:
+def check_sizes(model: VisionTransformer) -> list[tuple[int, int]]:
+    """The sizes an export is checked at: the model's own, and for a dynamic model two more, each side a multiple
+    of the patch: one taller (1.5x the height), one wider and smaller (half the height, 1.5x the width)."""
+    (h, w), p = to_2tuple(model.config.img_size), model.patch_embed
+    uh, uw = p.patch_size[0] * p.stride, p.patch_size[1] * p.stride
+    if not model.config.dynamic_img_size:
+        return [(h, w)]
+    side = lambda n, u: max(u, round(n / u) * u)  # noqa: E731
+    return [(h, w), (side(1.5 * h, uh), w), (side(0.5 * h, uh), side(1.5 * w, uw))]
+
+
+def check_onnx(model: VisionTransformer, path: str | Path, atol: float = 1e-4, batch: int = 3,
+               size: tuple[int, int] | None = None) -> float:
     c = model.config
-    x = torch.randn(batch, c.in_chans, *to_2tuple(c.img_size), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(batch, c.in_chans, *(size or to_2tuple(c.img_size)), generator=torch.Generator().manual_seed(0))
     sess = ort_session(path)
     got = sess.run(["logits"], {"pixel_values": x.numpy()})[0]
     with torch.no_grad():
         want = model.float().eval()(x).numpy()
     diff = float(np.abs(got - want).max())
     if not diff <= atol:
-        raise ValueError(f"{path}: onnxruntime differs from PyTorch by {diff:.3g} (> {atol:g})")
+        raise ValueError(f"{path}: onnxruntime differs from PyTorch by {diff:.3g} (> {atol:g}) at "
+                         f"{tuple(x.shape[2:])}")
     return diff
 
 
