@@ -200,3 +200,27 @@ def test_onnx_export_of_a_dynamic_model_runs_at_three_sizes(tmp_path) -> None:  
     export_onnx(fixed, tmp_path / "f.onnx")
     with pytest.raises(Exception, match="pixel_values|dimension|shape"):
         ort_session(tmp_path / "f.onnx").run(["logits"], {"pixel_values": np.zeros((1, 3, 112, 224), np.float32)})
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_backbone_on_a_gpu_gives_the_cpus_maps() -> None:
+    """forward_intermediates, set_input_size (a new patch size too: E resampled on the GPU) and a non-square input
+    on CUDA, in fp32 and under bf16 autocast, against the same model on the CPU."""
+    torch.manual_seed(0)
+    cpu = vitkit.create_model("vit_small_patch14_reg4_dinov2", img_size=224, depth=4).eval()
+    gpu = vitkit.create_model("vit_small_patch14_reg4_dinov2", img_size=224, depth=4).eval()
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.cuda()
+    for model in (cpu, gpu):
+        model.set_input_size(img_size=(192, 288), patch_size=16)
+    x = torch.randn(2, 3, 192, 288)
+    with torch.no_grad():
+        want = cpu.forward_intermediates(x, indices=[1, 3], intermediates_only=True)
+        got = gpu.forward_intermediates(x.cuda(), indices=[1, 3], intermediates_only=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            low = gpu.forward_intermediates(x.cuda(), indices=[1, 3], intermediates_only=True)
+    for w, g, b in zip(want, got, low, strict=True):
+        assert g.shape == w.shape == (2, 384, 12, 18)
+        torch.testing.assert_close(g.cpu(), w, atol=1e-3, rtol=1e-3)
+        assert (b.float().cpu() - w).abs().mean() < 0.05 * w.abs().mean()
