@@ -224,3 +224,32 @@ def test_the_backbone_on_a_gpu_gives_the_cpus_maps() -> None:
         assert g.shape == w.shape == (2, 384, 12, 18)
         torch.testing.assert_close(g.cpu(), w, atol=1e-3, rtol=1e-3)
         assert (b.float().cpu() - w).abs().mean() < 0.05 * w.abs().mean()
+
+
+def test_inspect_draws_intermediate_layers_at_any_size(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """inspect features / attention / explain on a non-square size (--input-size) and at a photo's own aspect ratio
+    (--keep-aspect); a wrong layer or a missing image is one line (exit 2)."""
+    from PIL import Image
+
+    from vitkit.cli.main import main
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3, num_classes=2)
+    model.save_pretrained(tmp_path / "m", class_names=["a", "b"], mean=[0.5] * 3, std=[0.5] * 3)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 100, 3), dtype=np.uint8)).save(tmp_path / "w.png")
+    common = ["--checkpoint", str(tmp_path / "m"), "--image", str(tmp_path / "w.png")]
+    assert main(["inspect", "features", *common, "--keep-aspect", "--layer", "1", "--out", str(tmp_path / "f.png")]) == 0
+    out = capsys.readouterr().out
+    assert "input size 16x32: 2x4 patches" in out and "block 1: a 2x4 map of 192-dim patch tokens" in out
+    assert (tmp_path / "f.png").stat().st_size > 1000
+    assert main(["inspect", "attention", *common, "--input-size", "24", "48", "--out", str(tmp_path / "a.png")]) == 0
+    assert "input size 24x48: 3x6 patches" in capsys.readouterr().out
+    assert main(["inspect", "explain", "--checkpoint", str(tmp_path / "m"), str(tmp_path / "w.png"), "--input-size",
+                 "16", "40", "--method", "rollout,grad-rollout", "--no-faithfulness", "--out", str(tmp_path / "e")]) == 0
+    assert (tmp_path / "e" / "w.png").is_file()
+    for argv, message in ((["features", *common, "--layer", "3"], "block index 3 is out of range"),
+                          (["features", "--checkpoint", str(tmp_path / "m"), "--keep-aspect"], "--keep-aspect takes"),
+                          (["features", *common, "--input-size", "20", "32"], "multiple of the patch size")):
+        assert main(["inspect", *argv, "--out", str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err

@@ -2,7 +2,9 @@
 with injected timings (steps that sleep for known times), so the right answer is known on any machine; one test
 calibrates this machine for real and only checks that it is quick and self-consistent."""
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -336,5 +338,10 @@ def test_a_batch_the_user_gave_is_kept_on_a_gpu():
 
 @pytest.mark.cuda
 def test_gpu_batch_on_a_real_gpu_is_measured_and_fits():
-    cfg, p = make_plan(TrainConfig(dataset="fashion-mnist", batch_size=64, epochs=1), log=lambda s: None)
+    data_dir = os.environ.get("VITKIT_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")  # a GPU machine's copy
+    if not Path(data_dir, "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"Fashion-MNIST is not in {data_dir} (apt-get install dataset-fashion-mnist, or set "
+                    "VITKIT_FASHION_MNIST)")
+    cfg, p = make_plan(TrainConfig(dataset="fashion-mnist", data_dir=data_dir, batch_size=64, epochs=1),
+                       log=lambda s: None)
     assert cfg.batch_size >= 64 and not cfg.gpu_batch and any("batch on this GPU" in n for n in p.notes)

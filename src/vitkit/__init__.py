@@ -20,6 +20,7 @@ from .model import (  # noqa: E402
     set_attention,
 )
 
+from .model.backbone import FeatureExtractor  # noqa: E402
 from .model.registry import create_model as _create_preset, list_models as _list_presets  # noqa: E402
 
 __version__ = "0.1.0"
@@ -40,8 +41,6 @@ def create_model(name: str, pretrained: Any = False, features_only: bool = False
 
         model = create(name, pretrained, **overrides)
     if features_only:
-        from .model.backbone import FeatureExtractor
-
         return FeatureExtractor(model, out_indices)
     return model
 

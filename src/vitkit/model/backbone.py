@@ -50,7 +50,7 @@ def resample_patch_embed(weight: torch.Tensor, new_size: int | tuple[int, int]) 
     if old == new:
         return weight
     n = old[0] * old[1]
-    basis = torch.eye(n, dtype=torch.float64).reshape(n, 1, *old)  # every one-pixel patch
+    basis = torch.eye(n, dtype=torch.float64, device=weight.device).reshape(n, 1, *old)  # every one-pixel patch
     # In float64 throughout: a resize that shrinks a side has singular values of exactly 0, and float32 rounding
     # would turn them into tiny ones that the pseudo-inverse blows up.
     resize = F.interpolate(basis, size=new, mode="bicubic", antialias=True, align_corners=False).reshape(n, -1)

@@ -61,7 +61,7 @@ def adapt_state_dict(state: dict[str, torch.Tensor], src: ViTConfig, dst: ViTCon
 
 # Keys that may change on fine-tuning or inference without changing what the weights mean.
 ADAPTABLE = {"img_size", "num_classes", "drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate",
-             "drop_path_rate"}
+             "drop_path_rate", "dynamic_img_size"}
 
 
 def build_adapted(src: ViTConfig, state: dict[str, torch.Tensor], source: str,
