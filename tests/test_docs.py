@@ -354,18 +354,23 @@ def test_a_notebook_turns_exercises_into_answer_cells_and_links_to_the_site(tmp_
 
 
 def test_a_downloaded_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
-    """The notebook of "Build your own ViT", away from the site, in a Jupyter kernel (nbclient): every cell runs,
-    the reader's empty answer cells included."""
+    """The notebook of page 1, away from the site, in a Jupyter kernel (nbclient): every cell runs, the reader's
+    empty answer cell included, and its figures travel inside it."""
     import nbclient
     import nbformat
     import notebooks  # docs/hooks/notebooks.py
 
-    md = ROOT / "docs" / "tutorials" / "my-vit.md"
-    nb = notebooks.notebook(md.read_text(), "tutorials/my-vit.md", "https://example.org/", "en")
+    md = ROOT / "docs" / "tutorials" / "vit-shape-by-shape.md"
+    nb = notebooks.notebook(md.read_text(), "tutorials/vit-shape-by-shape.md", "https://example.org/", "en")
+    attached = {name for c in nb.cells if c.cell_type == "markdown" for name in c.get("attachments", {})}
+    assert "figures-posemb-sincos.png" in attached  # a committed figure: embedded
+    drawn = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "](https://example.org/figures/patch-grid.png)" in drawn  # one drawn at the build: on the site
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
                             ).execute()
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "logits (5, 10) match: True" in printed and "fused attention: the same logits" in printed
+    assert "image (1, 3, 224, 224) patches 196" in printed and "(1, 577, 1024)" in printed
+    assert (tmp_path / "posemb-sincos.png").is_file()
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     nbformat.validate(nb)
 
