@@ -238,14 +238,16 @@ def test_inspect_draws_intermediate_layers_at_any_size(tmp_path, capsys) -> None
     model.save_pretrained(tmp_path / "m", class_names=["a", "b"], mean=[0.5] * 3, std=[0.5] * 3)
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 100, 3), dtype=np.uint8)).save(tmp_path / "w.png")
     common = ["--checkpoint", str(tmp_path / "m"), "--image", str(tmp_path / "w.png")]
-    assert main(["inspect", "features", *common, "--keep-aspect", "--layer", "1", "--out", str(tmp_path / "f.png")]) == 0
+    assert main(["inspect", "features", *common, "--keep-aspect", "--layer", "1",
+                 "--out", str(tmp_path / "f.png")]) == 0
     out = capsys.readouterr().out
     assert "input size 16x32: 2x4 patches" in out and "block 1: a 2x4 map of 192-dim patch tokens" in out
     assert (tmp_path / "f.png").stat().st_size > 1000
     assert main(["inspect", "attention", *common, "--input-size", "24", "48", "--out", str(tmp_path / "a.png")]) == 0
     assert "input size 24x48: 3x6 patches" in capsys.readouterr().out
     assert main(["inspect", "explain", "--checkpoint", str(tmp_path / "m"), str(tmp_path / "w.png"), "--input-size",
-                 "16", "40", "--method", "rollout,grad-rollout", "--no-faithfulness", "--out", str(tmp_path / "e")]) == 0
+                 "16", "40", "--method", "rollout,grad-rollout", "--no-faithfulness",
+                 "--out", str(tmp_path / "e")]) == 0
     assert (tmp_path / "e" / "w.png").is_file()
     for argv, message in ((["features", *common, "--layer", "3"], "block index 3 is out of range"),
                           (["features", "--checkpoint", str(tmp_path / "m"), "--keep-aspect"], "--keep-aspect takes"),

@@ -132,7 +132,7 @@ def test_an_onnx_export_that_fails_its_check_leaves_no_file(run_dir, tmp_path, m
     pytest.importorskip("onnxruntime")
     from vitkit.serving import onnx
 
-    def broken(model, path, atol=1e-4, batch=3, size=None):
+    def broken(model, path, atol=1e-4, batch=3, sizes=None):
         raise ValueError("onnxruntime disagrees")
 
     monkeypatch.setattr(onnx, "check_onnx", broken)

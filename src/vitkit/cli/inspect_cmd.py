@@ -1,6 +1,7 @@
 """``vitkit inspect {attention,rollout,distance,posemb,filters,features} --checkpoint DIR [--image IMG] --out
-FILE.png``, and ``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``. ``--input-size H W``
-runs any of them at another (non-square) size, ``--keep-aspect`` at the image's own aspect ratio."""
+FILE.png``, and ``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``.
+``--input-size H W`` runs any of them at another (non-square) size, ``--keep-aspect`` at the image's own aspect
+ratio."""
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,6 @@ def _sample_images(args, model, pre, n: int):  # type: ignore[no-untyped-def]
 def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import preprocessing_of
     from ..inspect import analysis, plots
-    from ..model.config import to_2tuple
 
     if args.images and args.kind != "explain":
         raise ValueError(f"inspect {args.kind} takes one image, as --image IMG; image files as arguments are for "
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         x, _ = _sample_images(args, model, pre, args.num_images or 256)
         dist = analysis.mean_attention_distance(model, x)
         grid = model.patch_embed.grid_for(tuple(x.shape[-2:]))
-        patch = tuple(p * model.patch_embed.stride for p in to_2tuple(model.config.patch_size))
+        patch = model.patch_embed.cell
         uniform = float(analysis.patch_distances(grid, patch).mean())
         plots.plot_attention_distance(dist, out, f"Mean attention distance ({len(x)} images, {grid[0]}x{grid[1]} "
                                       f"patches of {patch[0]} px)", uniform)
@@ -147,10 +147,8 @@ def resized(model, args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
         with Image.open(args.image) as im:
             w, h = im.size
-        side = max(to_2tuple(model.config.img_size))
-        unit = model.patch_embed.patch_size[0] * model.patch_embed.stride
-        scale = side / max(h, w)
-        size = [max(unit, round(h * scale / unit) * unit), max(unit, round(w * scale / unit) * unit)]
+        (uh, uw), scale = model.patch_embed.cell, max(to_2tuple(model.config.img_size)) / max(h, w)
+        size = [max(uh, round(h * scale / uh) * uh), max(uw, round(w * scale / uw) * uw)]
     if size:
         model.set_input_size(img_size=tuple(size))
         print(f"input size {size[0]}x{size[1]}: {model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]} "

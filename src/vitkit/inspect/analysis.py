@@ -7,8 +7,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model.config import to_2tuple
-
 
 # ------------------------------------------------------------------------------------------------ from attentions
 def readout_rows(rel: torch.Tensor, num_prefix_tokens: int, readout: int | None = None) -> torch.Tensor:
@@ -121,7 +119,7 @@ def attention_rollout(model, images: torch.Tensor) -> np.ndarray:  # type: ignor
 
 def mean_attention_distance(model, images: torch.Tensor, batch_size: int = 64) -> np.ndarray:  # type: ignore
     """(layers, heads) mean attention distance in pixels over ``images`` (paper Fig. 7 right)."""
-    patch = tuple(p * model.patch_embed.stride for p in to_2tuple(model.config.patch_size))
+    patch = model.patch_embed.cell
     parts, weights = [], []
     for chunk in images.split(batch_size):
         attns = attention_maps(model, chunk)
@@ -147,6 +145,6 @@ def feature_pca(model, images: torch.Tensor, layer: int = -1,  # type: ignore[no
     proj = tokens @ v[:k].T  # (B N, k)
     lo, hi = proj.min(dim=0).values, proj.max(dim=0).values
     proj = (proj - lo) / (hi - lo).clamp_min(1e-12)
-    grid = model.patch_embed.grid_for((images.shape[-2], images.shape[-1]))
+    grid = _grid_of(model, images)
     share = (s**2 / (s**2).sum())[:k]
     return proj.reshape(b, *grid, k).float().numpy(), share.float().numpy()

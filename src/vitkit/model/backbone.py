@@ -114,7 +114,7 @@ class Backbone:
         c, embed = self.config, self.patch_embed
         new_patch = to_2tuple(patch_size) if patch_size is not None else embed.patch_size
         new_img = to_2tuple(img_size) if img_size is not None else to_2tuple(c.img_size)
-        dataclasses.replace(c, img_size=new_img, patch_size=new_patch)  # checks both before anything changes
+        new_config = dataclasses.replace(c, img_size=new_img, patch_size=new_patch)  # checked before anything changes
         if new_patch != embed.patch_size:
             if hasattr(embed, "backbone"):
                 raise ValueError(f"a hybrid's patches are cells of its CNN's feature map: its patch size "
@@ -130,7 +130,7 @@ class Backbone:
                 table = resample_pos_embed(self.pos_embed.detach(), grid, c.pos_prefix_tokens, old_grid)
                 self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
         embed.grid_size, embed.num_patches = grid, grid[0] * grid[1]
-        self.config = dataclasses.replace(c, img_size=new_img, patch_size=new_patch)
+        self.config = new_config
 
 
 class FeatureExtractor(nn.Module):
@@ -145,7 +145,7 @@ class FeatureExtractor(nn.Module):
             raise ValueError(f"output_fmt must be one of {FORMATS}, got {output_fmt!r}")
         self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm)
         self.model, self.norm, self.output_fmt = model, norm, output_fmt
-        reduction = model.patch_embed.patch_size[0] * model.patch_embed.stride
+        reduction = model.patch_embed.cell[0]
         self.feature_info = [{"num_chs": model.config.embed_dim, "reduction": reduction, "module": f"blocks.{i}"}
                              for i in self.out_indices]
 

@@ -235,9 +235,14 @@ class PatchEmbed(nn.Module):
         self.grid_size = c.grid_size
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
+    @property
+    def cell(self) -> tuple[int, int]:
+        """The pixels one patch covers, (H, W): the patch size, times the CNN's stride in a hybrid."""
+        return self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
+
     def grid_for(self, hw: tuple[int, int]) -> tuple[int, int]:
         """Patch grid for an (H, W) image; raises if the image does not tile into patches."""
-        ph, pw = self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
+        ph, pw = self.cell
         if hw[0] % ph or hw[1] % pw:
             raise ValueError(f"image size {tuple(hw)} is not a multiple of the patch size {(ph, pw)}")
         return hw[0] // ph, hw[1] // pw
