@@ -173,6 +173,8 @@ def test_bad_input_is_one_clear_line() -> None:
         model.forward_intermediates(x, output_fmt="NHWC")
     with pytest.raises(ValueError, match="multiple of the patch size"):
         model.set_input_size(img_size=(230, 224))
+    with pytest.raises(ValueError, match="expected an int or a pair"):
+        model.set_input_size(img_size="224")
     assert model.patch_embed.grid_size == (14, 14)  # nothing changed
     hybrid = vitkit.create_model("vit_tiny_r_s16_p8_224", depth=1)
     with pytest.raises(ValueError, match="hybrid's patches"):
@@ -238,6 +240,7 @@ def test_inspect_draws_intermediate_layers_at_any_size(tmp_path, capsys) -> None
     model.save_pretrained(tmp_path / "m", class_names=["a", "b"], mean=[0.5] * 3, std=[0.5] * 3)
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 100, 3), dtype=np.uint8)).save(tmp_path / "w.png")
     common = ["--checkpoint", str(tmp_path / "m"), "--image", str(tmp_path / "w.png")]
+    (tmp_path / "cut.png").write_bytes((tmp_path / "w.png").read_bytes()[:200])  # a file cut short
     assert main(["inspect", "features", *common, "--keep-aspect", "--layer", "1",
                  "--out", str(tmp_path / "f.png")]) == 0
     out = capsys.readouterr().out
@@ -251,7 +254,9 @@ def test_inspect_draws_intermediate_layers_at_any_size(tmp_path, capsys) -> None
     assert (tmp_path / "e" / "w.png").is_file()
     for argv, message in ((["features", *common, "--layer", "3"], "block index 3 is out of range"),
                           (["features", "--checkpoint", str(tmp_path / "m"), "--keep-aspect"], "--keep-aspect takes"),
-                          (["features", *common, "--input-size", "20", "32"], "multiple of the patch size")):
+                          (["features", *common, "--input-size", "20", "32"], "multiple of the patch size"),
+                          (["features", "--checkpoint", str(tmp_path / "m"), "--image", str(tmp_path / "cut.png"),
+                            "--keep-aspect"], "cannot decode image")):
         assert main(["inspect", *argv, "--out", str(tmp_path / "x.png")]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err

@@ -141,12 +141,10 @@ def resized(model, args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if not args.image:
             raise ValueError("--keep-aspect takes the aspect ratio of --image IMG; without an image, give "
                              "--input-size H W")
-        from PIL import Image
-
+        from ..data.preprocess import image_size
         from ..model.config import to_2tuple
 
-        with Image.open(args.image) as im:
-            w, h = im.size
+        h, w = image_size(args.image)
         (uh, uw), scale = model.patch_embed.cell, max(to_2tuple(model.config.img_size)) / max(h, w)
         size = [max(uh, round(h * scale / uh) * uh), max(uw, round(w * scale / uw) * uw)]
     if size:

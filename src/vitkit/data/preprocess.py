@@ -12,8 +12,8 @@ from ..model.config import to_2tuple
 from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
-from .images import (BadImageError, crop_decode_side, crop_spec, open_image, resize_and_crop, to_array,
-                     to_mode)
+from .images import (BadImageError, crop_decode_side, crop_spec, decode_within, open_image, resize_and_crop,
+                     to_array, to_mode)
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -88,14 +88,21 @@ def image_files(paths: list[str]) -> list[str]:
 def load_images(paths: list[str], max_pixels: int | None = None, max_side: int | None = None) -> list[Image.Image]:
     """The images, decoded (``max_side``: no larger than that on their longer side, a JPEG decoded at a reduced
     scale while it is read)."""
-    out = []
-    for p in paths:
-        try:
-            data = Path(p).read_bytes()
-        except OSError as e:
-            raise BadImageError(p, f"cannot read it ({e.strerror or e})") from None
-        out.append(open_image(data, p, max_pixels, max_side))
-    return out
+    return [open_image(read_image_file(p), p, max_pixels, max_side) for p in paths]
+
+
+def read_image_file(path: str) -> bytes:
+    """The file's bytes, or one line naming it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise BadImageError(path, f"cannot read it ({e.strerror or e})") from None
+
+
+def image_size(path: str) -> tuple[int, int]:
+    """An image file's (H, W) as it is shown (EXIF orientation applied), decoding no more than a thumbnail; a file
+    that does not decode is one line naming it."""
+    return decode_within(read_image_file(path), path, max_side=64)[1]
 
 
 def decode_side(preprocessing: dict[str, Any], config: Any) -> int:

@@ -15,6 +15,8 @@ AFTER_PAPER = ("dist_token", "reg_tokens", "no_embed_class", "layer_scale", "qk_
 def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if isinstance(x, int):
         return (x, x)
+    if isinstance(x, (str, bytes)):  # "224" would otherwise be read as the pair of its characters
+        raise ValueError(f"expected an int or a pair (H, W), got {x!r}")
     t = tuple(int(v) for v in x)
     if len(t) != 2:
         raise ValueError(f"expected an int or a pair (H, W), got {x!r}")
