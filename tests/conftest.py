@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -22,8 +24,11 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # Two workers keep both cores busy: calibrations are cached all the same (test_round3.py tests the refusal)
 os.environ.setdefault("VITKIT_CACHE_UNDER_LOAD", "1")
 # vitkit's cache (decoded datasets, calibration timings) in a folder of this test session, not the user's
+# (the xdist workers inherit it from the controller, which made it and removes it when the session ends: left behind,
+# each run's 60 MB filled the CI machine's disk after a hundred runs)
 if "VITKIT_CACHE_DIR" not in os.environ:
     os.environ["VITKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitkit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["VITKIT_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
