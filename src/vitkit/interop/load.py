@@ -9,15 +9,17 @@ from ..model.config import PRESETS, to_2tuple
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.serialization import check_preprocessing
 from ..model.vit import VisionTransformer
-from .files import load_state_file, weights_in, written_config, written_preprocessing
+from .files import load_state_file, read_hf_folder, weights_in, written_config, written_preprocessing
 from .hf import from_hf, hf_to_vitkit
 from .infer import infer_config, size_is_the_tables
 from .jax import jax_to_vitkit, read_npz
+from .naflex import HF_TYPES, arch_facts as naflex_facts, is_timm_naflex, siglip2_to_vitkit, timm_naflex_to_vitkit
 from .timm import timm_to_vitkit
 
 SUPPORTED = ("a vitkit folder (config.json + model.safetensors)",
              "a Hugging Face ViT folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin)",
-             "a timm ViT state dict (.safetensors, .pth, .pt, .bin) or a timm hub folder",
+             "a Hugging Face SigLIP 2 folder (model_type 'siglip2' or 'siglip2_vision_model': its vision tower)",
+             "a timm ViT or NaFlexVit state dict (.safetensors, .pth, .pt, .bin) or a timm hub folder",
              "an official JAX checkpoint (.npz)")
 
 
@@ -29,7 +31,7 @@ def detect_format(src: str | Path) -> str:
         meta = json.loads(cfg.read_text()) if cfg.is_file() else {}
         if meta.get("library") == "vitkit" or "model" in meta and isinstance(meta["model"], dict):
             return "vitkit"
-        if meta.get("model_type") == "vit":
+        if meta.get("model_type") in ("vit", *HF_TYPES):
             return "hf"
         if "architecture" in meta or "pretrained_cfg" in meta:
             return "timm"
@@ -38,7 +40,7 @@ def detect_format(src: str | Path) -> str:
             return "jax"
         if p.suffix in (".safetensors", ".pth", ".pt", ".bin"):
             sd = load_state_file(p)
-            if any(k.startswith(("vit.", "embeddings.", "encoder.layer.")) for k in sd):
+            if any(k.startswith(("vit.", "embeddings.", "encoder.layer.", "vision_model.")) for k in sd):
                 return "hf"
             return "timm"
     elif not p.exists():
@@ -113,6 +115,10 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
         sd, said = jax_to_vitkit(read_npz(p), str(p), overrides.get("img_size"))
         return _build(sd, str(p), said, dict(overrides), fmt)
     if fmt == "hf":
+        hc, sd = read_hf_folder(p) if p.is_dir() else ({}, load_state_file(p))
+        if hc.get("model_type") in HF_TYPES or any("embeddings.patch_embedding." in k for k in sd):
+            sd, said = siglip2_to_vitkit(sd, hc, str(p))
+            return _build(sd, str(p), said, dict(overrides), fmt)
         if p.is_dir():
             model = from_hf(p)
             return build_adapted(model.config, model.state_dict(), str(p), **overrides)
@@ -125,6 +131,9 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
         overrides = {**arch_facts(architecture), **overrides}
         sd = timm_to_vitkit(load_state_file(f), str(p))
         said = written_config(f)  # a file vitkit wrote says what timm's layout cannot (heads, pooling, ...)
+        if is_timm_naflex(sd):  # timm's NaFlexVit: E_pos as a grid, E a linear layer (interop/naflex.py)
+            sd, grid_said = timm_naflex_to_vitkit(sd, str(p))
+            said = {**grid_said, **naflex_facts(architecture, str(p)), **said}
         model = _build(sd, str(p), said, dict(overrides), fmt)
         if pre := written_preprocessing(f):  # ... and how its inputs were prepared
             if len(pre.get("class_names") or []) != model.config.num_classes:

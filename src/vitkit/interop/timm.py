@@ -10,6 +10,7 @@ from ..model.config import ViTConfig
 from ..model.hub import build_adapted
 from ..model.vit import VisionTransformer
 from .infer import infer_config
+from .naflex import is_timm_naflex, timm_naflex_to_vitkit
 
 # Weights of timm models outside the VisionTransformer family vitkit holds, by a key only they have.
 EVA = "timm's Eva class (EVA-02, the vit_*_rope_* models): rotary position embedding, split q/v biases"
@@ -48,6 +49,25 @@ def timm_config(model: Any) -> dict[str, Any]:
     return known
 
 
+def naflex_config(model: Any) -> dict[str, Any]:
+    """What a live timm NaFlexVit knows but its weights do not say; its variants vitkit lacks refused."""
+    e = model.embeds
+    if getattr(e, "pos_embed_type", "learned") != "learned" or model.rope is not None:
+        raise ValueError(f"timm NaFlexVit with pos_embed={e.pos_embed_type!r}: vitkit reads the learned grid only")
+    if e.pos_embed_ar_preserving or e.pos_embed_use_grid_sample or e.pos_embed_align_corners \
+            or not e.pos_embed_antialias or e.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+        raise ValueError("timm NaFlexVit resampling E_pos other than by antialiased bicubic or bilinear "
+                         "interpolation (align_corners=False, no aspect-preserving or grid-sample mode)")
+    if model.global_pool not in ("avg", "map", "token") or model.pool_include_prefix:
+        raise ValueError(f"timm NaFlexVit global_pool={model.global_pool!r} (pool_include_prefix="
+                         f"{model.pool_include_prefix}): vitkit pools by 'token', 'avg' or 'map' over the patches")
+    act = model.blocks[0].mlp.act if len(model.blocks) else None
+    norm = model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm
+    return {"num_heads": model.blocks[0].attn.num_heads, "pos_interp": e.pos_embed_interp_mode,
+            "mlp_act": "gelu_tanh" if getattr(act, "approximate", "none") == "tanh"
+            or type(act).__name__ == "GELUTanh" else "gelu", "layer_norm_eps": getattr(norm, "eps", 1e-6)}
+
+
 def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict") -> dict[str, torch.Tensor]:
     """timm -> vitkit state dict (the names are the same; unsupported timm variants are refused by name)."""
     for part, what in UNSUPPORTED.items():
@@ -61,11 +81,15 @@ def timm_to_vitkit(sd: dict[str, torch.Tensor], source: str = "timm state dict")
 def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
     """A vitkit model from a timm ``VisionTransformer`` or its state dict; config inferred from the weights."""
     if isinstance(state_dict_or_model, torch.nn.Module):
-        known = {**timm_config(state_dict_or_model), **known}
+        is_naflex = hasattr(state_dict_or_model, "embeds")
+        known = {**(naflex_config if is_naflex else timm_config)(state_dict_or_model), **known}
         sd = state_dict_or_model.state_dict()
     else:
         sd = dict(state_dict_or_model)
     sd = timm_to_vitkit(sd)
+    if is_timm_naflex(sd):
+        sd, said = timm_naflex_to_vitkit(sd, "timm weights")
+        known = {**said, **known}
     return build_adapted(infer_config(sd, "timm weights", **known), sd, "timm weights")
 
 

@@ -9,6 +9,8 @@ from .fields import check_keys, check_range, coerce_fields
 
 POOLS = ("cls", "gap", "map")
 POS_EMBEDS = ("learn", "sincos2d", "none")
+MLP_ACTS = ("gelu", "gelu_tanh")
+POS_INTERPS = ("bicubic", "bilinear")
 AFTER_PAPER = ("dist_token", "reg_tokens", "no_embed_class", "layer_scale", "qk_norm")
 
 
@@ -71,6 +73,10 @@ class ViTConfig:
     # dynamic_img_size=True, which vitkit's models always were). False: only img_size, other sizes refused (timm's
     # default); model.set_input_size rebuilds the model for another size once.
     dynamic_img_size: bool = True
+    # The MLPs' GELU: exact (the paper's, timm's, DINOv2's) or its tanh approximation (SigLIP, SigLIP 2).
+    mlp_act: str = "gelu"
+    # How a learned E_pos is resampled to another grid (§3.2): bicubic (timm's), or bilinear (SigLIP 2's NaFlex).
+    pos_interp: str = "bicubic"
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -97,6 +103,10 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
         if self.pos_embed not in POS_EMBEDS:
             raise ValueError(f"ViTConfig.pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.mlp_act not in MLP_ACTS:
+            raise ValueError(f"ViTConfig.mlp_act must be one of {MLP_ACTS}, got {self.mlp_act!r}")
+        if self.pos_interp not in POS_INTERPS:
+            raise ValueError(f"ViTConfig.pos_interp must be one of {POS_INTERPS}, got {self.pos_interp!r}")
         if self.dist_token and (self.pool != "cls" or self.fc_norm):
             raise ValueError("dist_token (DeiT) needs pool='cls' and fc_norm=False: its heads read the class and "
                              f"distillation tokens after the final LayerNorm; got pool={self.pool!r}, "

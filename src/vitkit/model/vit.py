@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from .backbone import Backbone
 from .config import ViTConfig, to_2tuple
 from .hybrid import cnn_stem
+from .naflex import NaFlexBatch
 from .posembed import interpolate_grid, resample_pos_embed, sincos_2d_pos_embed
 from .serialization import save_pretrained
 
@@ -67,20 +68,25 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.impl = "sdpa"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` (B, 1, 1, T), True where a key may be attended to: NaFlex batches hide their padding with it."""
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)  # b t (3 h d) -> b t 3 h d
         if hasattr(self, "q_norm"):
             q, k, v = qkv.unbind(2)
             qkv = torch.stack([self.q_norm(q), self.k_norm(k), v], dim=2)
-        if self.impl in ATTENTION_KERNELS and not self.training:
+        if self.impl in ATTENTION_KERNELS and not self.training and mask is None:
             x = ATTENTION_KERNELS[self.impl](qkv, self.scale)  # (B, T, h, D_h)
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4)  # b t 3 h d -> 3 b h t d
             if self.impl == "exact":
-                x = self.attn_drop(self.attend((q * self.scale) @ k.transpose(-2, -1))) @ v  # attend: (B, h, T, T)
+                logits = (q * self.scale) @ k.transpose(-2, -1)
+                if mask is not None:
+                    logits = logits.masked_fill(~mask, float("-inf"))
+                x = self.attn_drop(self.attend(logits)) @ v  # attend: (B, h, T, T)
             else:
-                x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+                x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                   dropout_p=self.attn_drop.p if self.training else 0.0)
             x = x.transpose(1, 2)  # b h t d -> b t h d
         return self.proj_drop(self.proj(x.reshape(B, T, D)))  # b t h d -> b t (h d)
 
@@ -134,10 +140,10 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 class Mlp(nn.Module):
     """Two layers with a GELU non-linearity (§3.1)."""
 
-    def __init__(self, dim: int, hidden: int, drop: float) -> None:
+    def __init__(self, dim: int, hidden: int, drop: float, act: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = nn.GELU(approximate="tanh" if act == "gelu_tanh" else "none")  # SigLIP's MLPs use the tanh form
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
@@ -158,14 +164,14 @@ class AttentionPool(nn.Module):
         self.kv = nn.Linear(c.embed_dim, 2 * c.embed_dim)
         self.proj = nn.Linear(c.embed_dim, c.embed_dim)
         self.norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
-        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), 0.0)
+        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), 0.0, c.mlp_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
         h = self.num_heads
         q = self.q(self.latent).expand(B, -1, -1).reshape(B, 1, h, D // h).transpose(1, 2)  # b 1 (h d) -> b h 1 d
         k, v = self.kv(x).reshape(B, T, 2, h, D // h).permute(2, 0, 3, 1, 4)  # b t (2 h d) -> 2 b h t d
-        x = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, 1, D))
+        x = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, 1, D))
         x = x + self.mlp(self.norm(x))
         return x[:, 0]
 
@@ -209,12 +215,12 @@ class Block(nn.Module):
         self.ls1 = scale()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps)
-        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.proj_drop_rate)
+        self.mlp = Mlp(c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.proj_drop_rate, c.mlp_act)
         self.ls2 = scale()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), mask)))  # Eq. 2: z'_l = MSA(LN(z_{l-1})) + z_{l-1}
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3: z_l = MLP(LN(z'_l)) + z'_l
         return x
 
@@ -256,9 +262,13 @@ class PatchEmbed(nn.Module):
         (p, q), (gh, gw) = self.patch_size, (h // self.patch_size[0], w // self.patch_size[1])
         # x_p flattened as (P, P, C), and E to match: channels last, as the CNN feature map is laid out on a CPU.
         x_p = x.permute(0, 2, 3, 1).reshape(b, gh, p, gw, q, c).transpose(2, 3).reshape(b, gh * gw, p * q * c)
+        return self.project(x_p)
+
+    def project(self, x_p: torch.Tensor) -> torch.Tensor:
+        """x_p E for patches flattened as (P, P, C): (B, N, P*P*C) -> (B, N, D)."""
         E = self.proj.weight.permute(0, 2, 3, 1).flatten(1)  # d c p q -> d (p q c)
         # One matmul, not the convolution: the same numbers, and a faster training step on a CPU (docs/speed.md).
-        return F.linear(x_p, E, self.proj.bias)  # (B, N, D)
+        return F.linear(x_p, E, self.proj.bias)
 
 
 class VisionTransformer(Backbone, nn.Module):
@@ -351,8 +361,10 @@ class VisionTransformer(Backbone, nn.Module):
         if symbolic:  # no branch on the size: the graph resamples for whatever size it is given
             n = self.config.pos_prefix_tokens
             return torch.cat([self.pos_embed[:, :n],
-                              interpolate_grid(self.pos_embed[:, n:], self.patch_embed.grid_size, grid)], dim=1)
-        return resample_pos_embed(self.pos_embed, grid, self.config.pos_prefix_tokens, self.patch_embed.grid_size)
+                              interpolate_grid(self.pos_embed[:, n:], self.patch_embed.grid_size, grid,
+                                               self.config.pos_interp)], dim=1)
+        return resample_pos_embed(self.pos_embed, grid, self.config.pos_prefix_tokens, self.patch_embed.grid_size,
+                                  self.config.pos_interp)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. With a distillation token and registers the
@@ -369,11 +381,51 @@ class VisionTransformer(Backbone, nn.Module):
             x = x + pos
         return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens after the encoder and its final LayerNorm, (B, T, D)."""
+    def embed_naflex(self, b: NaFlexBatch) -> torch.Tensor:
+        """Eq. 1 for a NaFlex batch (model/naflex.py): the patches through E, each image's E_pos resampled to its
+        own grid and looked up by the patches' coordinates, then the prefix tokens. Padding gets no E_pos."""
+        pe, c = self.patch_embed, self.config
+        if hasattr(pe, "backbone"):
+            raise ValueError("NaFlex batches are cut from the image; a hybrid model's patches come from its CNN's "
+                             "feature map: train it on fixed-size images")
+        ph, pw = pe.patch_size
+        if b.patches.shape[-1] != ph * pw * pe.in_chans:
+            raise ValueError(f"NaFlex patches have {b.patches.shape[-1]} values each; this model takes {ph}x{pw} "
+                             f"patches of {pe.in_chans} channels ({ph * pw * pe.in_chans})")
+        x = pe.project(b.patches)  # (B, L, D)
+        pos = None
+        if self.pos_embed is not None:
+            pos = torch.zeros_like(x)
+            grids = b.grids()
+            for grid in dict.fromkeys(grids):  # each grid size resampled once
+                table = self._pos_embed_for(grid)[0, c.pos_prefix_tokens:].to(x.dtype)  # (gh * gw, D)
+                rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=x.device)
+                where = b.coords[rows, :, 0] * grid[1] + b.coords[rows, :, 1]
+                pos[rows] = table[where.clamp(0, table.shape[0] - 1)] * b.valid[rows, :, None]
+            x = x + pos
+        prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()]
+        if prefix and pos is not None and not c.no_embed_class:  # the prefix tokens' own rows of E_pos
+            n = c.pos_prefix_tokens
+            prefix = list(torch.cat(prefix, 1).add(self.pos_embed[:, :n]).split([t.shape[1] for t in prefix], 1))
+        return self.pos_drop(torch.cat([*prefix, x], dim=1))
+
+    def naflex_mask(self, b: NaFlexBatch) -> torch.Tensor:
+        """(B, 1, 1, T): True for the keys every query may attend to (the prefix tokens and the valid patches)."""
+        keep = torch.cat([b.valid.new_ones(len(b), self.num_prefix_tokens), b.valid], dim=1)
+        return keep[:, None, None, :]
+
+    def forward_features(self, x: torch.Tensor | NaFlexBatch) -> torch.Tensor:
+        """Tokens after the encoder and its final LayerNorm, (B, T, D). A NaFlex batch's padding tokens are
+        computed but attended to by nothing (their rows are meaningless)."""
+        if isinstance(x, NaFlexBatch):
+            mask, z = self.naflex_mask(x), self.embed_naflex(x)
+            for blk in self.blocks:
+                z = blk(z, mask)
+            return self.norm(z)
         return self.norm(self.blocks(self.embed(x)))
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, valid: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """Eq. 4: the class token's final state (or the mean of the patch tokens for GAP, or their attention
         pooling for MAP) into the head. DeiT's distilled model reads the distillation token's state with its own
         head and averages the two heads' logits, as its authors evaluate it."""
@@ -382,15 +434,19 @@ class VisionTransformer(Backbone, nn.Module):
             return (x + x_dist) / 2 if pre_logits else (self.head(x) + self.head_dist(x_dist)) / 2
         if self.config.pool == "cls":
             x = x[:, 0]
-        elif self.attn_pool is not None:
-            x = self.attn_pool(x[:, self.num_prefix_tokens:])  # the probe attends over the patches (as timm's)
-        else:
+        elif self.attn_pool is not None:  # the probe attends over the patches (as timm's), the valid ones
+            x = self.attn_pool(x[:, self.num_prefix_tokens:], None if valid is None else valid[:, None, None, :])
+        elif valid is None:
             x = x[:, self.num_prefix_tokens:].mean(dim=1)
+        else:  # the mean of the valid patches
+            w = valid[..., None].to(x.dtype)
+            x = (x[:, self.num_prefix_tokens:] * w).sum(1) / w.sum(1)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: torch.Tensor | NaFlexBatch) -> torch.Tensor:
+        """Logits for a batch of images (B, C, H, W), or for a NaFlex batch of images at their own sizes."""
+        return self.forward_head(self.forward_features(x), valid=x.valid if isinstance(x, NaFlexBatch) else None)
 
     def forward_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits and the attention probabilities of every layer, each (B, heads, T, T), from the exact path."""
