@@ -53,6 +53,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                          "(streams what would not fit in the memory this process may use)"),
     ("--workers",): ("workers", whole_number, "streaming: DataLoader worker processes (default: measured on the "
                                               "run's step)"),
+    ("--max-tokens",): ("max_tokens", int, "with --naflex: the most patches an image is resized to (default: the "
+                                           "model's own grid at its --img-size, the budget a fixed-size run spends)"),
     ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "
                                            "schedule up to this many epochs (default: the recipe's; most keep "
                                            "their epochs)"),
@@ -66,6 +68,8 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
               "--hflip": ("hflip", "random horizontal flips"),
               "--muon-stem": ("muon_stem", "with --opt muon: Muon for a hybrid's CNN stem filters too"),
               "--muon-embed": ("muon_embed", "with --opt muon: Muon for the patch embedding's projection too"),
+              "--naflex": ("naflex", "NaFlex (SigLIP 2): every image at its own aspect ratio, resized to fit "
+                                     "--max-tokens patches, batches padded with an attention mask; streams the files"),
               "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)"),
               "--gpu-batch": ("gpu_batch", "on a CUDA GPU, choose the batch from the measured step and free memory "
                                            "(the LR scaled with it; the default unless -b/--batch-size is given)")}

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
+from ..model import naflex
+from ..model.naflex import NaFlexBatch
 from .datasets import ImageTensors
 
 
@@ -53,8 +55,14 @@ class BatchAugment:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
         return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, train: bool,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor | NaFlexBatch, y: torch.Tensor, train: bool,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor | NaFlexBatch, torch.Tensor]:
+        if isinstance(x, NaFlexBatch):  # images at their own sizes, as patches: flips and standardisation only
+            if train and self.hflip:
+                c = self.mean.numel()
+                p = round((x.patches.shape[-1] / c) ** 0.5)
+                x = naflex.hflip(x, (torch.rand(len(x), generator=generator) < 0.5).to(x.valid.device), p)
+            return naflex.normalize(x, self.mean.flatten(), self.std.flatten()), y
         if train:
             if self.aa is not None:
                 x = torch.cat([self.aa(g) for g in x.split(self.aa_group)])

@@ -222,9 +222,13 @@ class StreamedImages(torch.utils.data.Dataset):
         # Workers are forked: they start at once and share the listing. (A fork server, what JAX's warning about
         # fork asks for where JAX is loaded, took ~2.5 s per loader: the suite's streaming tests went from 3 to 77 s.
         # A forked worker only decodes images and never touches JAX's threads or their locks.)
-        return torch.utils.data.DataLoader(self, batch_sampler=chunks, num_workers=w, collate_fn=_collate,
+        return torch.utils.data.DataLoader(self, batch_sampler=chunks, num_workers=w, collate_fn=self.collate_fn(),
                                            pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if w else None,
                                            timeout=WORKER_TIMEOUT_S if w else 0)
+
+    def collate_fn(self) -> Callable:
+        """How the workers' items become one batch (a NaFlex split pads patches instead: data/naflex.py)."""
+        return _collate
 
     def batches(self, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool, device: torch.device,
                 workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

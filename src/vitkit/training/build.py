@@ -10,8 +10,9 @@ import torch.nn as nn
 
 from ..data.datasets import DataSplits, load_dataset
 from ..data.images import crop_spec
+from ..data.naflex import NaFlexImages, as_naflex
 from ..interop.pretrained import init_image_size, init_preprocessing, load_init
-from ..model.config import to_2tuple
+from ..model.config import ViTConfig, to_2tuple
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer, set_attention
@@ -22,9 +23,33 @@ from .config import TrainConfig
 def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> DataSplits:
     """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``) or, for a folder that
     would not fit (or ``data_mode: stream``), streamed from its files."""
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
-                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args), mode=cfg.data_mode,
-                        say=say)
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
+                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args),
+                        mode="stream" if cfg.naflex else cfg.data_mode, say=say)
+    return for_run(cfg, data)
+
+
+def for_run(cfg: TrainConfig, data: DataSplits) -> DataSplits:
+    """``data`` as the run reads it: with ``--naflex``, both splits as NaFlex batches (data/naflex.py) of the model's
+    patch, at most ``max_tokens`` patches an image (the model's own grid's count unless given)."""
+    if not cfg.naflex or isinstance(data.train, NaFlexImages):
+        return data
+    c = model_config(cfg, data)
+    if c.hybrid:
+        raise ValueError(f"--naflex: {cfg.model} has a CNN stem (hybrid={c.hybrid!r}), whose patches are cut from its "
+                         "feature map, not the image: NaFlex needs a plain ViT")
+    return as_naflex(data, c.patch_size, cfg.max_tokens or c.grid_size[0] * c.grid_size[1])
+
+
+def model_config(cfg: TrainConfig, data: DataSplits) -> ViTConfig:
+    """The preset with the data's classes and channels, at the data's own size where the preset's patches tile it."""
+    overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
+    if "img_size" not in cfg.model_args:  # the data's own size, where the preset's patches tile it
+        preset = get_config(cfg.model)
+        p = to_2tuple(preset.patch_size)[0] * preset.input_stride
+        if data.img_size[0] % p == 0 and data.img_size[1] % p == 0:
+            overrides["img_size"] = data.img_size
+    return get_config(cfg.model, **overrides)
 
 
 RESIDENT_SHARE = 0.25  # of the GPU's free memory a dataset may take to live there
@@ -55,20 +80,15 @@ def init_crop(init: str | None, model_args: dict[str, Any]) -> dict[str, Any] | 
 
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
-    overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
     if cfg.init:
         # the architecture comes from the weights; only what fine-tuning may change is taken from the config
+        overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
         model = load_init(cfg.init, **{k: v for k, v in overrides.items() if k in ADAPTABLE})
         if model.config.in_chans != data.in_chans:
             raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
                              f"{data.in_chans}")
         return model
-    if "img_size" not in cfg.model_args:  # the data's own size, where the preset's patches tile it
-        preset = get_config(cfg.model)
-        p = to_2tuple(preset.patch_size)[0] * preset.input_stride
-        if data.img_size[0] % p == 0 and data.img_size[1] % p == 0:
-            overrides["img_size"] = data.img_size
-    return VisionTransformer(get_config(cfg.model, **overrides))
+    return VisionTransformer(model_config(cfg, data))
 
 
 def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSplits) -> dict[str, Any]:

@@ -45,6 +45,11 @@ class TrainConfig:
     # whose decode would not fit in the memory the process may use (data/folder.py, data/stream.py)
     data_mode: str = "auto"
     workers: int | None = None  # streaming: DataLoader worker processes; None = measured on the run's step
+    # NaFlex (SigLIP 2): every image at its own aspect ratio, resized to fit max_tokens patches, batches padded with
+    # an attention mask (model/naflex.py); max_tokens None = the model's own grid at its img_size (the budget a
+    # fixed-size run of that model spends per image). Streams the files.
+    naflex: bool = False
+    max_tokens: int | None = None
     # optimisation
     epochs: int = 30
     batch_size: int = 128
@@ -129,6 +134,7 @@ class TrainConfig:
                 ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
                 ("model_ema_decay", 0, 1, True, True)):
             check_range("train config", k, getattr(self, k), lo, hi, lo_open, hi_open)
+        self._check_naflex()
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
                              f"{self.time_limit:g}")
@@ -138,6 +144,12 @@ class TrainConfig:
                 self.with_tier(tier)
             except ValueError as e:
                 raise type(e)(f"tiers[{i}]: {e}") from None
+
+    def _check_naflex(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.naflex and (why := _naflex_problem(self)):
+            raise ValueError(f"--naflex: {why}")
 
     @property
     def needs_plan(self) -> bool:
@@ -204,6 +216,25 @@ def safe_yaml(path: Path) -> Any:
 
 
 TIER_BOUNDS = ("below", "above")  # a tier for budgets that buy fewer epochs than N, or at least N
+
+
+NAFLEX_REFUSES = {"crop_padding": 0, "aa": None, "mixup": 0.0, "cutmix": 0.0}
+
+
+def _naflex_problem(cfg: "TrainConfig") -> str | None:
+    if cfg.dataset not in FILE_DATASETS:
+        return f"it reads image files (--dataset {' or '.join(FILE_DATASETS)}), and {cfg.dataset} is held in memory"
+    if cfg.data_mode == "memory":
+        return "it streams the files (each image at its own size), so not --data-mode memory"
+    if cfg.init:
+        return "fine-tuning pretrained weights with NaFlex batches is not built yet (--init)"
+    if cfg.compile is True:
+        return "each batch has its own grids, so --compile would recompile (leave compile off or auto)"
+    for k, off in NAFLEX_REFUSES.items():
+        if getattr(cfg, k) not in (off, None, "none"):
+            return (f"{k}={getattr(cfg, k)!r} works on fixed-size image batches; NaFlex batches are patches "
+                    "(horizontal flips work: --hflip)")
+    return None
 
 
 def check_tier(tier: Any, i: int) -> None:

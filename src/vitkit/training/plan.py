@@ -37,7 +37,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import check_budget, usable_seconds
-from .build import build_data
+from .build import build_data, for_run
 from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
@@ -115,7 +115,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         threads_note = choose_threads(lambda: None, cfg.threads, device=device)[1]
     else:
         threads_note = ""  # measured on the chosen step, below
-    data = data or build_data(cfg)
+    data = for_run(cfg, data or build_data(cfg))
     if len(data.classes) < 2:  # one class trains to "100%" and predicts it for everything
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
@@ -179,7 +179,10 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
     cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
     compile_on = cfg.compile
-    if cfg.compile == "auto":
+    if cfg.compile == "auto" and cfg.naflex:
+        compile_on = False
+        p.notes.append("compile: off (--naflex: every batch has its own grids, each a recompile)")
+    elif cfg.compile == "auto":
         compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)
         p.notes.append(why)
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
@@ -426,6 +429,6 @@ def plan_run(src: Sources, data: DataSplits | None = None, log: Callable[[str], 
              progress: Callable | None = None) -> tuple[TrainConfig, Plan, DataSplits]:
     """From what a run was asked to what it trains: ``resolve`` the sources, read the data, ``plan`` the rest."""
     cfg, folder_data, name = resolve(src, log, progress)
-    data = data or folder_data or build_data(cfg)
+    data = for_run(cfg, data or folder_data or build_data(cfg))
     cfg, p = make_plan(cfg, data, name, log, start_time, refresh)
     return cfg, p, data

@@ -12,7 +12,7 @@ from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
 from .build import init_crop
 from .checkpoint import recover_run
-from .config import TIER_BOUNDS, TrainConfig, lay_over, read_recipe, read_yaml, safe_yaml
+from .config import NAFLEX_REFUSES, TIER_BOUNDS, TrainConfig, lay_over, read_recipe, read_yaml, safe_yaml
 from .recipes import choose_recipe, flips_change_labels
 
 
@@ -72,7 +72,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
                                 max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
-                                mode=probe.get("data_mode", "auto"), say=say)
+                                mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say)
             name = "finetune" if init else choose_recipe(data)
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
@@ -96,6 +96,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             if "hflip" not in given and "hflip" not in file_cfg:
                 say("no horizontal flips: small grayscale images are often digits or characters, which a flip "
                     "changes (--hflip to flip anyway)")
+        if {**file_cfg, **given}.get("naflex"):
+            _without_fixed_size_augmentation(merged, {**file_cfg, **given}, say)
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
     merged.setdefault("cache_dir", default_cache_dir())
@@ -110,6 +112,17 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _without_fixed_size_augmentation(merged: dict[str, Any], users: dict[str, Any], say: Callable[[str], None]
+                                     ) -> None:
+    """--naflex: the recipe's augmentations that cut fixed-size image batches are left out, with a line saying so
+    (the user's own are refused by TrainConfig)."""
+    dropped = [f"{k} {merged.pop(k)}" for k, off in NAFLEX_REFUSES.items()
+               if k not in users and merged.get(k) not in (off, None, "none")]
+    if dropped:
+        say(f"--naflex: without the recipe's {', '.join(dropped)} (they work on fixed-size image batches; NaFlex "
+            "batches are patches, flipped as images)")
 
 
 def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model: dict[str, Any], run: str) -> None:

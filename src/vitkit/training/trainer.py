@@ -28,7 +28,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
 from ..runtime.precision import autocast_for, matmul_precision
 from .budget import TimeBudget
-from .build import build_data, build_model, model_for_training, preprocessing_for, resident
+from .build import build_data, build_model, for_run, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .evaluate import evaluate
@@ -58,7 +58,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, data: DataSplits | None = None, log: Callable[[str], None] = print,
                  start_time: float | None = None, progress: bool = True, plan_: Plan | None = None) -> None:
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
-        self.data = data or build_data(cfg)
+        self.data = for_run(cfg, data or build_data(cfg))
         if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py)
             cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time)
         self.cfg, self.log, self.plan = cfg, log, plan_
