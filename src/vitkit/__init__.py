@@ -21,6 +21,7 @@ from .model import (  # noqa: E402
 )
 
 from .model.backbone import FeatureExtractor  # noqa: E402
+from .model.naflex import NaFlexBatch  # noqa: E402
 from .model.registry import create_model as _create_preset, list_models as _list_presets  # noqa: E402
 
 __version__ = "0.1.0"
@@ -73,7 +74,8 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *SUBPACKAGES, *LAZY])
 
 
-__all__ = ["PRESETS", "InferenceModel", "TrainConfig", "Trainer", "ViTConfig", "VisionTransformer", "create_model",
+__all__ = ["PRESETS", "InferenceModel", "NaFlexBatch", "TrainConfig", "Trainer", "ViTConfig", "VisionTransformer",
+           "create_model",
            "data_config", "transforms", "flops_per_image", "from_pretrained", "list_models", "load",
            "optimize_for_inference", "record_attention",
            "resample_pos_embed", "save_pretrained", "set_attention", "__version__"]

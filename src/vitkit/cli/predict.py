@@ -37,7 +37,8 @@ def predict(model, preprocessing: dict, paths: list[str], topk: int,  # type: ig
     with tqdm(total=len(paths), unit="img", disable=not progress, leave=False) as bar:
         for i in range(0, len(paths), BATCH):
             chunk = paths[i:i + BATCH]
-            x = images_to_tensor(load_images(chunk, max_side=side), preprocessing, model.config).to(device)
+            x = images_to_tensor(load_images(chunk, max_side=side), preprocessing, model.config, naflex=True
+                                 ).to(device)
             probs = torch.softmax(model(x).float(), dim=-1)
             names = preprocessing.get("class_names") or [str(c) for c in range(probs.shape[1])]
             top = probs.topk(min(topk, probs.shape[1]), dim=-1)

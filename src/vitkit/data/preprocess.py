@@ -51,7 +51,19 @@ def eval_transform(pre: dict[str, Any], config: Any) -> Callable[[Image.Image], 
                        v2.Normalize(list(cfg["mean"]), list(cfg["std"]))])
 
 
-def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any) -> torch.Tensor:
+def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], config: Any, naflex: bool = False
+                     ) -> torch.Tensor:
+    """The model's input batch: resized (or cropped) to its size and standardised. With ``naflex`` and a model
+    trained on NaFlex batches (``naflex_max_tokens`` in its preprocessing), a NaFlex batch of the images at their own
+    aspect ratios, as it trained."""
+    if naflex and preprocessing.get("naflex_max_tokens"):
+        from ..model import naflex as nf  # the NaFlex path, for the models trained on it
+        from .naflex import naflex_array
+
+        n, patch = preprocessing["naflex_max_tokens"], config.patch_size
+        batch = nf.collate([nf.patchify(torch.from_numpy(naflex_array(im, config.in_chans, patch, n)), patch)
+                            for im in images], n)
+        return normalizer(preprocessing, config)(batch, torch.empty(0), train=False)[0]
     if "crop_pct" in preprocessing:  # weights with their publisher's evaluation transform
         tf = eval_transform(preprocessing, config)
         return torch.stack([tf(im) for im in images])

@@ -110,6 +110,10 @@ def check_preprocessing(pre: Any, config: ViTConfig, source: str) -> dict[str, A
     if isinstance(crop, bool) or not isinstance(crop, (int, float)) or not 0 < crop <= 1:
         raise ValueError(f"{source}: preprocessing crop_pct must be a number in (0, 1] (the share of the resized "
                          f"image the centre crop keeps), got {crop!r}")
+    tokens = pre.get("naflex_max_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ValueError(f"{source}: preprocessing naflex_max_tokens must be a whole number of patches (1 or more), "
+                         f"got {tokens!r}")
     names = pre.get("class_names")
     if names is not None and (not isinstance(names, list) or len(names) != config.num_classes
                               or not all(isinstance(n, str) for n in names)):

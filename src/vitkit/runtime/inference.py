@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
+from ..model.naflex import NaFlexBatch
 from ..model.vit import set_attention
 from .calibrate import Calibration, calibrate
 from .cpu import reports_bf16_unit
@@ -183,10 +184,12 @@ class InferenceModel(nn.Module):
         return precision_of(self.dtype)
 
     def _cast(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, NaFlexBatch):
+            return x.replace(patches=x.patches.to(self.dtype)) if self.dtype is not None else x
         return x.to(self.dtype) if self.dtype is not None else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._compiled is None:
+        if self._compiled is None or isinstance(x, NaFlexBatch):  # (compiled for the fixed-size batch)
             with torch.inference_mode():
                 return self.model(self._cast(x)).float()
         with _frozen_no_grad():  # Dynamo cannot trace under inference_mode

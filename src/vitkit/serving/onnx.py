@@ -184,6 +184,9 @@ class OnnxModel(torch.nn.Module):
         self.int8 = json.loads(meta["vitkit.int8"]) if "vitkit.int8" in meta else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):  # a NaFlex batch (model/naflex.py): the graph takes one size
+            raise ValueError(f"{self.path} takes fixed-size image batches, not NaFlex batches; predict with the "
+                             "checkpoint the ONNX file was exported from for images at their own aspect ratio")
         want = (self.config.in_chans, *to_2tuple(self.config.img_size))
         if tuple(x.shape[1:]) != want:
             raise ValueError(f"{self.path} takes images of shape (B, {', '.join(map(str, want))}); got "

@@ -98,7 +98,8 @@ def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSpli
         mean, std = pre["mean"], pre["std"]
     else:
         mean, std = data.mean_std()
-    return {"mean": mean, "std": std, "class_names": data.classes}
+    naflex = {"naflex_max_tokens": data.train.max_tokens} if isinstance(data.train, NaFlexImages) else {}
+    return {"mean": mean, "std": std, "class_names": data.classes, **naflex}
 
 
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
