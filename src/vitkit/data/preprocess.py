@@ -8,12 +8,14 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..model import naflex as nf
 from ..model.config import to_2tuple
 from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
 from .images import (BadImageError, crop_decode_side, crop_spec, decode_within, open_image, resize_and_crop,
                      to_array, to_mode)
+from .naflex import naflex_array
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -57,9 +59,6 @@ def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], c
     trained on NaFlex batches (``naflex_max_tokens`` in its preprocessing), a NaFlex batch of the images at their own
     aspect ratios, as it trained."""
     if naflex and preprocessing.get("naflex_max_tokens"):
-        from ..model import naflex as nf  # the NaFlex path, for the models trained on it
-        from .naflex import naflex_array
-
         n, patch = preprocessing["naflex_max_tokens"], config.patch_size
         batch = nf.collate([nf.patchify(torch.from_numpy(naflex_array(im, config.in_chans, patch, n)), patch)
                             for im in images], n)
