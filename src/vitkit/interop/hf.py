@@ -62,10 +62,18 @@ def hf_to_vitkit(sd: dict[str, torch.Tensor], source: str = "Hugging Face weight
             out[f"blocks.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"] = v
         else:
             raise ValueError(f"{source}: unexpected key {key!r}")
+    return fuse_qkv(qkv, out, source)
+
+
+def fuse_qkv(qkv: dict[tuple[str, str], dict[str, torch.Tensor]], out: dict[str, torch.Tensor], source: str,
+             names: tuple[str, str, str] = ("query", "key", "value")) -> dict[str, torch.Tensor]:
+    """Each layer's separate query, key and value projections, {(layer, weight|bias): {name: tensor}}, into ``out``
+    as the one qkv projection vitkit and timm hold (rows: q, then k, then v)."""
     for (i, kind), parts in qkv.items():
-        if set(parts) != {"query", "key", "value"}:
-            raise ValueError(f"{source}: layer {i} has {sorted(parts)} {kind}s, expected query, key and value")
-        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+        if set(parts) != set(names):
+            raise ValueError(f"{source}: layer {i} has {sorted(parts)} {kind}s, expected {names[0]}, {names[1]} and "
+                             f"{names[2]}")
+        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts[n] for n in names])
     return out
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .hf import fuse_qkv
+
 # timm NaFlexVit parts vitkit does not have, by a key only they have
 UNSUPPORTED = {"embeds.pos_embed_y": "a factorised position embedding (naflexvit_*_parfac_*)",
                "rope": "rotary position embeddings", "embeds.norm_input": "a norm on the input patches",
@@ -123,10 +125,7 @@ def siglip2_to_vitkit(sd: dict[str, torch.Tensor], hc: dict[str, Any], source: s
             out[f"blocks.{m.group(1)}.{_HF_BLOCK[m.group(2)]}.{m.group(3)}"] = v
         else:
             raise ValueError(f"{source}: unexpected key {key!r}")
-    for (i, kind), parts in qkv.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"{source}: layer {i} has {sorted(parts)} {kind}s, expected q, k and v")
-        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    fuse_qkv(qkv, out, source, ("q", "k", "v"))
     if "pos_embed" not in out:
         raise ValueError(f"{source}: no embeddings.position_embedding.weight; not a SigLIP 2 vision tower")
     side = round(out["pos_embed"].shape[1] ** 0.5)

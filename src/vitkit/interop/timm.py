@@ -52,10 +52,13 @@ def timm_config(model: Any) -> dict[str, Any]:
 def naflex_config(model: Any) -> dict[str, Any]:
     """What a live timm NaFlexVit knows but its weights do not say; its variants vitkit lacks refused."""
     e = model.embeds
-    if getattr(e, "pos_embed_type", "learned") != "learned" or model.rope is not None:
-        raise ValueError(f"timm NaFlexVit with pos_embed={e.pos_embed_type!r}: vitkit reads the learned grid only")
-    if e.pos_embed_ar_preserving or e.pos_embed_use_grid_sample or e.pos_embed_align_corners \
-            or not e.pos_embed_antialias or e.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+    kind = getattr(e, "pos_embed_type", "learned")
+    if kind != "learned" or getattr(model, "rope", None) is not None:
+        raise ValueError(f"timm NaFlexVit with pos_embed={kind!r}: vitkit reads the learned grid only")
+    # (timm before 1.0.30 has no align_corners, grid-sample or antialias setting: it resampled as these defaults)
+    if getattr(e, "pos_embed_ar_preserving", False) or getattr(e, "pos_embed_use_grid_sample", False) \
+            or getattr(e, "pos_embed_align_corners", False) or not getattr(e, "pos_embed_antialias", True) \
+            or e.pos_embed_interp_mode not in ("bicubic", "bilinear"):
         raise ValueError("timm NaFlexVit resampling E_pos other than by antialiased bicubic or bilinear "
                          "interpolation (align_corners=False, no aspect-preserving or grid-sample mode)")
     if model.global_pool not in ("avg", "map", "token") or model.pool_include_prefix:
