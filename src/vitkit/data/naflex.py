@@ -10,22 +10,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Callable
 
-import numpy as np
 import torch
 from PIL import Image
 
 from ..model.config import to_2tuple
-from ..model.naflex import NaFlexBatch, collate, patchify, size_for_budget
+from ..model.naflex import collate, patchify, size_for_budget
 from .images import BadImageError, to_array
-from .stream import StreamedImages
+from .stream import StreamedImages, _collate
 
 MAX_DECODE_SIDE = 4096
 
 
-def naflex_array(img: Image.Image, channels: int, patch: int | tuple[int, int], max_tokens: int) -> np.ndarray:
-    """A decoded image as uint8 (C, H, W) at its NaFlex size (resized as the fixed-size path resizes)."""
-    return to_array(img, channels, size_for_budget(img.height, img.width, patch, max_tokens))
+def naflex_patches(img: Image.Image, channels: int, patch: int | tuple[int, int], max_tokens: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoded image at its NaFlex size (resized as the fixed-size path resizes), as (patches, coords)."""
+    a = to_array(img, channels, size_for_budget(img.height, img.width, patch, max_tokens))
+    return patchify(torch.from_numpy(a), patch)
 
 
 def decode_side(patch: int | tuple[int, int], max_tokens: int) -> int:
@@ -64,22 +66,13 @@ class NaFlexImages(StreamedImages):
         name = self.names[i]
         try:
             img, _ = self.naflex_prep.decode(self.reader.read(name), self.reader.where(name))
-            patches = patchify(torch.from_numpy(naflex_array(img, self.channels, self.patch, self.max_tokens)),
-                               self.patch)
+            patches = naflex_patches(img, self.channels, self.patch, self.max_tokens)
         except BadImageError as e:
             return None, int(self.labels[i]), str(e)
         return patches, int(self.labels[i]), ""
 
-    def collate_fn(self):
-        return functools.partial(collate_naflex, max_tokens=self.max_tokens)
-
-
-def collate_naflex(items: list, max_tokens: int) -> tuple[NaFlexBatch | None, torch.Tensor, list[str]]:
-    good = [(x, y) for x, y, _ in items if x is not None]
-    bad = [why for x, _, why in items if x is None]
-    if not good:
-        return None, torch.empty(0, dtype=torch.int64), bad
-    return collate([x for x, _ in good], max_tokens), torch.tensor([y for _, y in good], dtype=torch.int64), bad
+    def collate_fn(self) -> Callable:
+        return functools.partial(_collate, stack=functools.partial(collate, max_tokens=self.max_tokens))
 
 
 def as_naflex(data, patch: int | tuple[int, int], max_tokens: int):

@@ -15,7 +15,7 @@ from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
 from .images import (BadImageError, crop_decode_side, crop_spec, decode_within, open_image, resize_and_crop,
                      to_array, to_mode)
-from .naflex import naflex_array
+from .naflex import naflex_patches
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -60,8 +60,7 @@ def images_to_tensor(images: list[Image.Image], preprocessing: dict[str, Any], c
     aspect ratios, as it trained."""
     if naflex and preprocessing.get("naflex_max_tokens"):
         n, patch = preprocessing["naflex_max_tokens"], config.patch_size
-        batch = nf.collate([nf.patchify(torch.from_numpy(naflex_array(im, config.in_chans, patch, n)), patch)
-                            for im in images], n)
+        batch = nf.collate([naflex_patches(im, config.in_chans, patch, n) for im in images], n)
         return normalizer(preprocessing, config)(batch, torch.empty(0), train=False)[0]
     if "crop_pct" in preprocessing:  # weights with their publisher's evaluation transform
         tf = eval_transform(preprocessing, config)

@@ -255,13 +255,14 @@ class StreamedImages(torch.utils.data.Dataset):
                              "fits)") from None
 
 
-def _collate(items: list[tuple[torch.Tensor | None, int, str]]
-             ) -> tuple[torch.Tensor | None, torch.Tensor, list[str]]:
+def _collate(items: list[tuple[Any, int, str]], stack: Callable[[list[Any]], Any] = torch.stack
+             ) -> tuple[Any, torch.Tensor, list[str]]:
+    """(batch of the decoded items, their labels, why the others did not decode); ``stack`` makes the batch."""
     good = [(x, y) for x, y, _ in items if x is not None]
     bad = [why for x, _, why in items if x is None]
     if not good:
         return None, torch.empty(0, dtype=torch.int64), bad
-    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.int64), bad
+    return stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.int64), bad
 
 
 # ------------------------------------------------------------------------------------------ how many workers
