@@ -93,7 +93,7 @@ def model_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_data_flags(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
-    from ..data.datasets import DATASETS
+    from ..data import DATASETS
 
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=DATASETS, default=default, help="dataset (default: digits)")

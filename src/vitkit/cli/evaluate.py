@@ -6,12 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 import yaml
 
-from ..training.evaluate import EVAL_BATCH_SIZE
 from .common import (ImageSize, add_data_flags, add_threads_flag, add_weights_flags, apply_threads,
-                     load_data_from_args, load_weights, weights_name)
+                     load_data_from_args, load_weights, positive_int, weights_name)
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -21,7 +19,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=("val", "train"), default="val", help="which split to evaluate")
     p.add_argument("--img-size", action=ImageSize, default=None,
                    help="evaluate at another resolution (§3.2 resampling): 384, or H W / HxW")
-    p.add_argument("-b", "--batch-size", type=int, default=EVAL_BATCH_SIZE)
+    p.add_argument("-b", "--batch-size", type=positive_int, default=None, help="images a batch (default 256, as "
+                                                                              "training evaluates)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="the weights' dtype: auto (the faster of fp32 and bf16, timed here on this model and cached, "
                         "as vitkit.optimize_for_inference chooses), exact fp32, or bf16")
@@ -44,16 +43,19 @@ def _run_dataset_defaults(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..data.images import crop_spec
     from ..data.preprocess import normalizer
     from ..inspect.plots import plot_confusion
     from ..runtime.inference import optimize_for_inference
     from ..runtime.precision import dtype_of
-    from ..training.evaluate import evaluate
+    from ..training.evaluate import EVAL_BATCH_SIZE, evaluate
     from ..runtime.device import resolve_device
     from ..serving.onnx import OnnxModel
 
     apply_threads(args)
+    args.batch_size = args.batch_size or EVAL_BATCH_SIZE
     _run_dataset_defaults(args)
     model = load_weights(args, onnx=True, **({"img_size": args.img_size} if args.img_size else {}))
     onnx = isinstance(model, OnnxModel)

@@ -13,7 +13,7 @@ KINDS = ("attention", "rollout", "distance", "posemb", "filters", "features", "e
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..inspect.explain import METHODS
+    from ..inspect import METHODS
 
     p.add_argument("kind", choices=KINDS)
     p.add_argument("images", nargs="*", help="explain: image files or folders (default: --num-images validation "

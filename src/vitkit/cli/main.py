@@ -29,17 +29,26 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, the flags of that command alone, ``""`` none (the others' modules are
+    not imported: ``vitkit train --help`` answers without importing torch or the other commands)."""
     p = argparse.ArgumentParser(prog="vitkit", description="The Vision Transformer of 'An Image is Worth 16x16 "
                                 "Words', and what it takes to use one. `vitkit COMMAND -h` for a command's flags.")
     p.add_argument("--version", action="version", version=f"vitkit {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
-        mod = importlib.import_module(f"vitkit.cli.{module}")
         sp = sub.add_parser(name, help=help_, description=help_)
-        mod.add_parser(sp)
-        sp.set_defaults(_run=mod.run)
+        if only is None or name == only:
+            mod = importlib.import_module(f"vitkit.cli.{module}")
+            mod.add_parser(sp)
+            sp.set_defaults(_run=mod.run)
     return p
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not a flag), or None."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def process_start_time() -> float:
@@ -64,7 +73,17 @@ def process_start_time() -> float:
 def main(argv: list[str] | None = None) -> int:
     # the `vitkit` command itself (no argv) is the whole process; a call from Python starts its clock now
     started = process_start_time() if argv is None else time.time()
-    parser = build_parser()
+    try:
+        return _main(argv, started)
+    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (importing, planning, decoding, calibrate, ...)
+        command = command_of(sys.argv[1:] if argv is None else argv)
+        print(f"\n{' '.join(filter(None, ('vitkit', command)))}: interrupted (nothing half-written: files and caches "
+              "are written whole or not at all)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None, started: float) -> int:
+    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv) or "")
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "images", None), list) and not any(a.startswith("-") for a in extra):
         args.images += extra  # image files after a flag (`inspect explain --checkpoint DIR a.jpg b.jpg`): argparse
@@ -81,7 +100,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # bad input: a message naming it, never a traceback
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (planning, decoding, calibrate, ...)
-        print(f"\nvitkit {args.command}: interrupted (nothing half-written: files and caches are written whole "
-              "or not at all)", file=sys.stderr)
-        return 130

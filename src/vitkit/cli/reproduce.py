@@ -46,9 +46,9 @@ def data_settings(dataset: str, data_dir: str | None) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..reproduce import CLAIMS, Setup, sweep
+    from ..reproduce import CLAIMS, Setup
     from ..reproduce.report import figure, summary
-    from ..reproduce.sweep import SweepError
+    from ..reproduce.sweep import SweepError, sweep
     from ..runtime.cpu import cpu_kind
     from ..runtime.threads import cores_text
 

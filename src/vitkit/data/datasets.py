@@ -14,14 +14,13 @@ import numpy as np
 import torch
 import torchvision
 
+from . import DATASETS, FILE_DATASETS  # noqa: F401 - the dataset names, here as before
 from .folder import load_folder_splits
 from .hf import load_hf_splits
 from .shards import load_shard_splits
 from .images import to_array
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "shards", "hf", "fake")
-FILE_DATASETS = ("folder", "shards", "hf")  # images read from their files: in memory where they fit, else streamed
 FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 
 

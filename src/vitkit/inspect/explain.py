@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from ..model.vit import record_attention
+from . import CLASS_SPECIFIC, METHODS
 from .analysis import readout_rows, rollout_from_attentions
 
-METHODS = ("rollout", "attention-last", "grad-rollout", "gradcam")
-CLASS_SPECIFIC = ("grad-rollout", "gradcam")  # the methods whose map depends on the target class
 PER_IMAGE = (list, tuple, np.ndarray, torch.Tensor)  # a target of these kinds gives one class per image
 
 

@@ -1,7 +1,8 @@
 """``vitkit reproduce CLAIM``: the paper's claims (data size, position embeddings, transfer, patch size) as sweeps
 of ordinary training runs at laptop scale, each with a CSV, a figure and a summary that says plainly whether the
-small-scale result agrees with the paper's trend."""
+small-scale result agrees with the paper's trend. The claims are data (no torch: ``vitkit reproduce --help`` lists
+them at once); ``vitkit.reproduce.sweep.sweep`` trains them."""
 from .claims import CLAIMS, Claim, Setup
-from .sweep import Run, sweep
+from .runs import Run
 
-__all__ = ["CLAIMS", "Claim", "Run", "Setup", "sweep"]
+__all__ = ["CLAIMS", "Claim", "Run", "Setup"]

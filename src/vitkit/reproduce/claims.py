@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .sweep import Run
+from .runs import Run
 
 QUICK_SHARE = 0.02  # --quick: this share of each run's training images, narrow models, one epoch
 

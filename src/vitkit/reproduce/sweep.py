@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import csv
 import os
-import shlex
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,49 +22,11 @@ from ..model.vit import VisionTransformer
 from ..training.plan import Sources, plan_run
 from ..training.runlog import read_metrics
 from ..training.trainer import Trainer
-
+from .runs import Run, train_flags  # noqa: F401 - Run and train_flags: the sweep's public names, as before
 
 
 class SweepError(RuntimeError):
     """A run of the sweep failed; the message names its log and command. Finished runs stay in the CSV."""
-
-
-@dataclass
-class Run:
-    """One point of a claim: TrainConfig ``settings`` trained for ``budget_min`` minutes into OUT/runs/ID."""
-
-    id: str
-    settings: dict[str, Any]
-    fields: dict[str, Any]  # the columns that place the point: model, train_fraction, seed, pos_embed, ...
-    budget_min: float | None  # None: the run's own epochs decide (--quick)
-
-    def train_settings(self) -> dict[str, Any]:
-        """The settings of this point, as the CSV records them (no run folder)."""
-        return {**self.settings, **({"time_limit": self.budget_min} if self.budget_min else {})}
-
-    def command(self) -> str:
-        """The ``vitkit train`` command that trains this point alone."""
-        return "vitkit " + shlex.join(["train", *train_flags(self.train_settings())])
-
-
-# model settings whose flag is not --KEY-WITH-DASHES
-MODEL_FLAG_NAMES = {"drop_path_rate": "--drop-path", "drop_rate": "--drop"}
-
-
-def train_flags(settings: dict[str, Any]) -> list[str]:
-    """``vitkit train`` flags for TrainConfig ``settings`` (``model_args`` as model flags)."""
-    out: list[str] = []
-    for k, v in settings.items():
-        if k == "model_args":
-            for mk, mv in v.items():
-                flag = MODEL_FLAG_NAMES.get(mk, "--" + mk.replace("_", "-"))
-                out += [flag, *(str(x) for x in mv)] if isinstance(mv, (tuple, list)) else \
-                    [flag, "none" if mv is None else str(mv)]
-        elif isinstance(v, bool):
-            out.append(("--" if v else "--no-") + k.replace("_", "-"))
-        else:
-            out += ["--" + k.replace("_", "-"), f"{v:g}" if isinstance(v, float) else str(v)]
-    return out
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

@@ -1,0 +1,56 @@
+"""The command line answers at once: help, the version and argument errors import no torch (they took ~7 s when
+every command's module, and torch with them, was imported to print help), and Ctrl-C while a command's modules
+import is one line and exit 130, not a KeyboardInterrupt traceback."""
+import subprocess
+import sys
+
+import pytest
+
+from vitkit.cli.main import COMMANDS, main
+
+ASKS = [["--help"], ["--version"], ["bogus"], *([c, "--help"] for c in COMMANDS), ["train", "--no-such-flag"],
+        ["eval", "--batch-size", "0", "--checkpoint", "x"], ["train", "--workers", "-1"]]
+
+
+def test_help_version_and_argument_errors_import_no_torch():
+    code = ("import sys\nfrom vitkit.cli.main import main\nasks = " + repr(ASKS) + "\n"
+            "for argv in asks:\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code in (0, 2), (argv, e.code)\n"
+            "    else:\n        raise AssertionError(argv)\n"
+            "    heavy = sorted(m for m in ('torch', 'torchvision', 'numpy', 'PIL') if m in sys.modules)\n"
+            "    assert not heavy, (argv, heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "usage: vitkit" in r.stdout and "vitkit 0.1.0" in r.stdout
+    assert "unrecognized arguments: --no-such-flag" in r.stderr
+    assert "expected a whole number of at least 1, got '0'" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["train", "--epochs", "1"], ["eval", "--checkpoint", "x"], []])
+def test_ctrl_c_while_a_commands_modules_import_is_one_line_and_exit_130(argv, monkeypatch, capsys):
+    import importlib
+
+    def interrupted(name, *a, **k):
+        raise KeyboardInterrupt  # what Ctrl-C does in the first seconds: inside an import
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    if not argv:  # no command: the one place left where a module is imported is the run itself
+        monkeypatch.setattr(sys, "argv", ["vitkit", "train"])
+    assert main(argv or None) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    who = "vitkit " + (argv or ["train"])[0]
+    assert err == [f"{who}: interrupted (nothing half-written: files and caches are written whole or not at all)"]
+
+
+def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130():
+    """A real SIGINT to `python -m vitkit train` while Python imports torch (the first second)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--epochs", "1", "--output", "/nonexistent/x"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)  # past the interpreter's start, inside the command's imports (torch takes ~2 s)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("vitkit train: interrupted")
