@@ -1,18 +1,24 @@
 """``--time-limit``: fit the learning-rate schedule into a wall-clock budget, so the cosine ends when time does.
 
-The plan is made three times over: from the speed of steps 5-30 of the first epoch (compiling and warm-up are
-behind by then), and again after every epoch from what that epoch really took, evaluations and saves included.
+The first plan is made from the speed of steps 5-30 of the run (compiling and warm-up are behind by then). After
+that the run re-plans every few seconds (a fiftieth of the budget, at least a second) from the pace of the steps
+since the last re-plan, so a machine that slows down or speeds up mid-epoch moves the end of the schedule with it:
+runs re-planned only once an epoch ended 16% over a 3-minute budget when another process started beside them, and
+40% short of it when one stopped. The schedule ends mid-epoch when what is left holds only the final evaluation.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PROBE_STEP = 30  # the first plan is made at this step of the first epoch (from the steps since step 5)
+WARM_STEPS = 5  # the steps a (re)started process takes before its pace is measured: compiling, allocator warm-up
+REPLAN_SHARE = 0.02  # re-plan every this share of the budget ...
+REPLAN_MIN_S = 1.0  # ... but not more often than every second
 
 
 def usable_seconds(minutes: float) -> float:
-    """The seconds of a ``minutes`` budget the schedule may fill. The margin holds the last epoch running slower than
+    """The seconds of a ``minutes`` budget the schedule may fill. The margin holds the last steps running slower than
     planned, the final save and curves.png (≈1.5 s): 5-minute Fashion-MNIST runs ended 294.1-297.3 s after the
     process started."""
     return minutes * 60 * 0.99 - 3
@@ -36,7 +42,11 @@ def check_budget(minutes: float, spent_s: float, step_s: float, batch: int, n_tr
 
 @dataclass
 class TimeBudget:
-    """The plan for ``minutes`` of wall time. Steps are optimizer steps; times are seconds since the run started."""
+    """The plan for ``minutes`` of wall time. Steps are optimizer steps; ``elapsed`` is seconds since the run began.
+
+    The trainer calls ``after_step`` after every step (on every rank: the steps at which a re-plan happens are the
+    same everywhere) and ``after_epoch_end`` once an epoch's evaluation and save are done; each returns a new plan
+    (total steps, warmup steps, the step of the next re-plan) or None."""
 
     minutes: float
     steps_per_epoch: int
@@ -45,48 +55,74 @@ class TimeBudget:
     planned_warmup: float  # warmup epochs x steps per epoch
     images_per_step: int  # global batch
     val_images: int
-    probe: list[tuple[int, float]] = field(default_factory=list)  # (step, time) at steps 5 and 30 of the first epoch
-    eval_guess: float = math.inf  # seconds an evaluation should take, from the probed training speed
-    eval_s: float | None = None  # seconds the last evaluation took
+    mark: tuple[int, float] | None = None  # (step, elapsed) the pace is measured from
+    next_check: int = -1  # the step of the next re-plan; -1: the first one is not set yet
+    sec_per_step: float | None = None  # the pace of the last window
+    eval_s: float | None = None  # seconds the last evaluation took ...
+    eval_pace: float | None = None  # ... at this pace of training (an evaluation slows with the machine)
+    save_s: float = 0.0  # seconds the last epoch end spent saving last/
 
     @property
     def seconds(self) -> float:
         return usable_seconds(self.minutes)
 
+    @property
+    def eval_guess(self) -> float:
+        """Seconds the next evaluation should take: the last one, scaled to the pace of training now; before any,
+        a third of the time per image of a training step."""
+        if self.sec_per_step is None:
+            return 0.0
+        if self.eval_s is None or not self.eval_pace:
+            return self.val_images / (3 * self.images_per_step / self.sec_per_step)
+        return self.eval_s * self.sec_per_step / self.eval_pace
+
     def plan(self, step: int, elapsed: float, sec_per_step: float, eval_s: float) -> tuple[int, int]:
         """(total steps, warmup steps) that end the schedule at the budget, seen from ``step`` at ``elapsed``.
 
-        n more steps cost n * sec_per_step plus one evaluation per ``eval_every`` epochs they span, and the final
-        one: n * (sec_per_step + eval_s / (steps_per_epoch * eval_every)) + eval_s <= remaining. The warmup shrinks
-        with the schedule, keeping the recipe's shape."""
+        n more steps cost n * sec_per_step, an evaluation per ``eval_every`` epochs they span and a save of last/ per
+        epoch, and the final evaluation: n * (sec_per_step + eval_s / (steps_per_epoch * eval_every) + save_s /
+        steps_per_epoch) + eval_s <= remaining. The warmup shrinks with the schedule, keeping the recipe's shape."""
         remaining = self.seconds - elapsed
-        per_eval = self.steps_per_epoch * self.eval_every
-        affordable = int((remaining - eval_s) / (max(sec_per_step, 1e-6) + eval_s / per_eval))
+        per_step = (max(sec_per_step, 1e-6) + eval_s / (self.steps_per_epoch * self.eval_every)
+                    + self.save_s / self.steps_per_epoch)
+        affordable = math.floor((remaining - eval_s) / per_step)
         total = max(step, min(self.planned_steps, step + affordable))
         return total, int(self.planned_warmup * total / self.planned_steps)
 
-    def probe_step(self, step: int, now: float, elapsed: float) -> tuple[int, int] | None:
-        """Called after each step of the first epoch: at step 30 (or the epoch's last but one), the first plan, with an
-        evaluation guessed at a third of the time per image of training."""
-        if len(self.probe) == 2 or step not in (5, min(PROBE_STEP, self.steps_per_epoch - 1)):
+    def after_step(self, step: int, elapsed: float, first_step: int = 0) -> tuple[int, int, int] | None:
+        """After optimizer step ``step`` (this process started at ``first_step``): the pace is measured from the
+        step ``WARM_STEPS`` after the start, the first plan made ``PROBE_STEP - WARM_STEPS`` steps later (sooner in a
+        short epoch), and every re-plan after it about ``REPLAN_SHARE`` of the budget later."""
+        if self.mark is None:
+            if step == first_step + WARM_STEPS or step == first_step + max(1, self.steps_per_epoch - 1):
+                self.mark = (step, elapsed)
+                self.next_check = min(first_step + PROBE_STEP, max(step + 1, first_step + self.steps_per_epoch - 1))
             return None
-        self.probe.append((step, now))
-        if len(self.probe) < 2:
+        if step < self.next_check:
             return None
-        (s0, t0), (s1, t1) = self.probe
-        sps = (t1 - t0) / (s1 - s0)
-        self.eval_guess = self.val_images / (3 * self.images_per_step / sps)
-        return self.plan(step, elapsed, sps, self.eval_guess)
+        s0, e0 = self.mark
+        self.sec_per_step = (elapsed - e0) / max(step - s0, 1)
+        total, warmup = self.plan(step, elapsed, self.sec_per_step, self.eval_guess)
+        every = max(REPLAN_MIN_S, REPLAN_SHARE * self.minutes * 60)
+        self.mark = (step, elapsed)
+        self.next_check = step + max(1, round(every / max(self.sec_per_step, 1e-6)))
+        return total, warmup, self.next_check
 
-    def after_epoch(self, step0: int, t0: float, train_s: float, step: int, elapsed: float) -> tuple[int, int]:
-        """The plan from the epoch that just ended (steps step0..step, started at t0, trained for train_s). The first
-        epoch also compiled the model and ran the first, warming-up evaluation: its plan uses the steps after the
-        probe's mark (step 5) and an evaluation at most as long as the probe's guess. (Planning with the compiling in
-        it shrank the schedule, and the LR rose again at the next re-plan.)"""
-        first = bool(self.probe) and self.probe[0][0] > step0
-        mark_step, mark_t = self.probe[0] if first else (step0, t0)
-        if self.eval_s is None:  # no evaluation yet (--eval-every skipped it): the probe's guess
-            eval_s = self.eval_guess if math.isfinite(self.eval_guess) else 0.0
-        else:
-            eval_s = min(self.eval_s, self.eval_guess) if first else self.eval_s
-        return self.plan(step, elapsed, (t0 + train_s - mark_t) / max(step - mark_step, 1), eval_s)
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took ``seconds``, at the current pace of training. The first one of a process compiles and
+        warms up too: it counts at most what the guess says, so that one slow start does not shorten the plan."""
+        guess = self.eval_guess
+        self.eval_s = min(seconds, guess) if self.eval_s is None and guess > 0 else seconds
+        self.eval_pace = self.sec_per_step
+
+    def after_epoch_end(self, step: int, elapsed: float, save_s: float) -> tuple[int, int, int] | None:
+        """An epoch ended at ``step``, its evaluation and save done by ``elapsed`` (the save took ``save_s``): the
+        pace is measured again from here (the evaluation is counted on its own), and the plan is made again with
+        what the evaluation and the save really took."""
+        self.save_s = save_s
+        if self.mark is None or self.sec_per_step is None:  # before the first plan: its steps are still measuring
+            return None
+        self.mark = (step, elapsed)
+        total, warmup = self.plan(step, elapsed, self.sec_per_step, self.eval_guess)
+        self.next_check = max(self.next_check, step + WARM_STEPS)  # a window of a few steps, not one
+        return total, warmup, self.next_check

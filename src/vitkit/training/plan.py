@@ -321,7 +321,7 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
 
 
 GROW_SLACK = 1.25  # a grown schedule asks this much more than the budget is estimated to buy: the run's own re-plans
-# (training/budget.py: from steps 5-30, then every epoch) end its cosine at the budget, never past it
+# (training/budget.py: from steps 5-30, then every few seconds) end its cosine at the budget, never past it
 
 
 def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, cal: Calibration,

@@ -168,11 +168,14 @@ class Trainer:
             to_save = self.ema.module if self.ema is not None else self.model
             save_checkpoint(self.out, name, to_save, self.preprocessing, self._train_state() if with_state else None)
 
-    def _set_plan(self, plan: tuple[int, int] | None) -> None:
-        """Adopt a time-limit plan (rank 0's on every rank: ranks time themselves differently)."""
+    def _set_plan(self, plan: tuple[int, int, int] | None) -> None:
+        """Adopt a time-limit plan (rank 0's on every rank: ranks time themselves differently): total steps, warmup
+        steps, and the step of the next re-plan."""
         if plan is not None:
-            total, warmup = broadcast_ints([plan[0], min(self.warmup_steps, plan[1])], self.device)
+            total, warmup, next_check = broadcast_ints([plan[0], min(self.warmup_steps, plan[1]), plan[2]],
+                                                       self.device)
             self.total_steps, self.warmup_steps = max(total, self.step), warmup
+            self.budget.next_check = next_check
 
     def _diverged(self, loss: float) -> None:
         if self.is_main and self.out:
@@ -231,8 +234,8 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
-        if self.budget and self.epoch == 0:
-            self._set_plan(self.budget.probe_step(self.step, time.time(), self.elapsed()))
+        if self.budget:
+            self._set_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
 
     def _eval_due(self) -> bool:
         """Evaluate every ``eval_every`` epochs, and always after the last one (or when stopping)."""
@@ -243,7 +246,7 @@ class Trainer:
         t = time.time()
         metrics = self.evaluate()
         if self.budget:
-            self.budget.eval_s = time.time() - t
+            self.budget.evaluated(time.time() - t)
         self.last_top1 = metrics["top1"]
         if metrics["top1"] > self.best_top1:
             self.best_top1 = metrics["top1"]
@@ -303,19 +306,21 @@ class Trainer:
 
     def _epochs(self) -> None:
         cfg = self.cfg
+        self.first_step = self.step  # this process's first step (after a resume too): the budget's pace is measured
+        # from a few steps after it, past compiling and warm-up
         while self.step < self.total_steps and not self.stop_requested:
-            t0, step0 = time.time(), self.step
+            step0 = self.step
             train_loss, img_s = self.train_epoch()
-            train_s = time.time() - t0
             if self.stop_requested and self.batch_in_epoch % (self.steps_per_epoch * cfg.grad_accum):
                 break  # mid-epoch stop: save and leave; --resume continues from this batch
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0  # (or the schedule ended mid-epoch: the time budget)
             metrics = self._evaluate_and_keep_best() if self._eval_due() else None
+            t_save = time.time()
             self._save("last")
-            # re-plan after the saves, so the plan sees what they cost; a schedule that has ended stays ended (its
-            # LR is at the end of the cosine: a few more steps there are not worth another evaluation)
+            # re-plan after the evaluation and the save, so the plan sees what they cost; a schedule that has ended
+            # stays ended (its LR is at the end of the cosine: a few more steps there are not worth another evaluation)
             if self.budget and step0 < self.step < self.total_steps:
-                self._set_plan(self.budget.after_epoch(step0, t0, train_s, self.step, self.elapsed()))
+                self._set_plan(self.budget.after_epoch_end(self.step, self.elapsed(), time.time() - t_save))
                 if metrics is None and self._eval_due():  # the re-plan left no time for another epoch
                     metrics = self._evaluate_and_keep_best()
                     self._save("last")  # with the final top-1 in its training state
