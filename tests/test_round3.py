@@ -132,7 +132,7 @@ def test_candidates_are_timed_at_the_thread_count_the_run_trains_with(monkeypatc
         seen.append(torch.get_num_threads())
         return real(*a, **k)
 
-    def one_thread(step, requested=None, what="step", device=None):
+    def one_thread(step, requested=None, what="step", device=None, max_seconds=None):
         torch.set_num_threads(1)
         return 1, "threads: 1 (test)"
 
@@ -257,6 +257,8 @@ def test_an_out_of_memory_step_says_what_did_not_fit(monkeypatch, tmp_path, caps
         return real(self, x)
 
     monkeypatch.setattr(VisionTransformer, "forward", oom)
+    import vitkit.training.plan as plan_mod  # the trainer's own message: the memory plan, which would measure the
+    monkeypatch.setattr(plan_mod, "decide_memory", lambda *a, **k: None)  # step first, is tested in test_memory.py
     assert main(["train", "--epochs", "1", "--precision", "fp32", "--attention", "sdpa", "--compile", "false",
                  "--no-channels-last", *TINY, "--output", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

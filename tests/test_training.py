@@ -225,20 +225,20 @@ def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(eval_
     assert budget.plan(step=50, elapsed=100.0, sec_per_step=0.01, eval_s=1.0)[0] == 50  # over budget: stop here
 
 
-def test_time_budget_measures_from_step_5_plans_at_30_and_guesses_the_evaluation():
+def test_time_budget_measures_from_step_5_plans_at_15_and_guesses_the_evaluation():
     budget = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=500, images_per_step=64, val_images=640)
     assert budget.after_step(4, 10.0) is None and budget.after_step(5, 30.0) is None  # compiling until step 5
     assert budget.after_step(6, 30.05) is None
-    total, _, next_check = budget.after_step(30, 31.25)  # 0.05 s a step = 1280 img/s; evaluation at 3x: 640/3840 s
+    total, _, next_check = budget.after_step(15, 30.5)  # 0.05 s a step = 1280 img/s; evaluation at 3x: 640/3840 s
     assert budget.sec_per_step == pytest.approx(0.05)
     assert budget.eval_guess == pytest.approx(640 / (3 * 64 / 0.05))
-    assert total == budget.plan(30, 31.25, 0.05, budget.eval_guess)[0]
-    assert next_check == 30 + round(10 * 60 * 0.02 / 0.05)  # the next re-plan a fiftieth of the budget later
-    assert budget.after_step(31, 31.3) is None
+    assert total == budget.plan(15, 30.5, 0.05, budget.eval_guess)[0]
+    assert next_check == 15 + round(10 * 60 * 0.02 / 0.05)  # the next re-plan a fiftieth of the budget later
+    assert budget.after_step(16, 30.55) is None
     budget.evaluated(9.0)  # the first evaluation compiled too: it counts as the guess, not 9 s
     assert budget.eval_s == pytest.approx(640 / (3 * 64 / 0.05))
     budget.evaluated(0.5)
-    total, _, _ = budget.after_step(next_check, 31.25 + (next_check - 30) * 0.1)  # twice as slow since
+    total, _, _ = budget.after_step(next_check, 30.5 + (next_check - 15) * 0.1)  # twice as slow since
     assert budget.sec_per_step == pytest.approx(0.1) and budget.eval_guess == pytest.approx(1.0)  # and so is eval
 
 

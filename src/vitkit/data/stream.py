@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from ..model.serialization import atomic_write
+from ..runtime.memory import release_free_memory
 from .images import BadImageError, decode_within, fit_within, is_gray, resize_and_crop, to_array
 
 PREFETCH = 4  # batches each worker keeps ready: enough to hide a slow file, bounded memory
@@ -238,6 +239,10 @@ class StreamedImages(torch.utils.data.Dataset):
         chunks = [idx[i:i + batch_size] for i in range(0, n, batch_size)]
         if not chunks:
             return
+        if (self.workers if workers is None else workers):
+            # the heap freed since the last step goes back to the kernel before the workers fork: a page shared with
+            # a worker is copied the first time the training process writes to it again, and both copies count
+            release_free_memory()
         try:
             for x, y, bad in self.loader(chunks, device, workers):
                 if bad:
@@ -278,11 +283,13 @@ def worker_candidates(cores: int | None = None) -> list[int]:
 
 def choose_workers(data: StreamedImages, batch_size: int, step: Callable[[torch.Tensor, torch.Tensor], None],
                    device: torch.device, candidates: list[int] | None = None, batches_each: int = 8,
-                   clock: Callable[[], float] = time.perf_counter) -> tuple[int, dict[int, float]]:
+                   clock: Callable[[], float] = time.perf_counter, seconds_each: float = 1.5
+                   ) -> tuple[int, dict[int, float]]:
     """The worker count whose pipeline (workers decoding while the run's step trains) gives the most images per
     second, measured on the run's own step and files: the fewest within 5% of the fastest (each worker takes
     memory and, on a small machine, cores the step would use). A pipeline is timed in steady state: after the
-    workers have started and filled their queues once."""
+    workers have started and filled their queues once, for ``batches_each`` batches or ``seconds_each`` seconds,
+    whichever comes first (at least 3 batches: a slow step made this 9 s of a 30-second budget)."""
     candidates = candidates or worker_candidates()
     n = len(data)
     rates: dict[int, float] = {}
@@ -290,15 +297,18 @@ def choose_workers(data: StreamedImages, batch_size: int, step: Callable[[torch.
         warm = w + 1  # the workers' start, outside the timing
         need = warm + batches_each
         idx = [i % n for i in range(need * batch_size)]
-        it = iter(data.batches(idx, batch_size, True, device, workers=w))
+        it = data.batches(idx, batch_size, True, device, workers=w)
         for _ in range(warm):
             x, y = next(it)
             step(x, y)
         t0 = clock()
-        seen = 0
+        seen = done = 0
         for x, y in it:
             step(x, y)
-            seen += len(y)
+            seen, done = seen + len(y), done + 1
+            if done >= 3 and clock() - t0 > seconds_each:
+                break
         rates[w] = seen / max(clock() - t0, 1e-9)
+        it.close()  # its workers end now, not while the next count's start (their memory beside theirs)
     best = max(rates.values())
     return min(w for w, r in rates.items() if r >= 0.95 * best), rates

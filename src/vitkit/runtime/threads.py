@@ -21,6 +21,7 @@ import torch
 TIE = 1.10  # more threads must be this much faster to be chosen: a near tie goes to the one that shares better
 BIG_STEP_S = 1.0  # a warm step this long on all cores is big: one step on one thread decides (not a full timing)
 HUGE_STEP_S = 4.0  # ... and one this long splits well for certain: all cores, nothing more timed
+TIMING_STEPS = 9  # what timing the counts costs, in steps on all cores (two warm-ups and two rounds on 2 cores)
 MIN_LOAD_WINDOW_S = 0.3  # OtherLoad judges no shorter block: /proc/stat counts in 10 ms ticks per core
 
 
@@ -77,9 +78,11 @@ def pick(medians: dict[int, float]) -> int:
 
 
 def choose_threads(step: Callable[[], object], requested: int | None = None, what: str = "step",
-                   device: torch.device | None = None) -> tuple[int, str]:
+                   device: torch.device | None = None, max_seconds: float = float("inf")) -> tuple[int, str]:
     """Set and return the intra-op thread count for a workload whose unit of work is ``step``, and a sentence
-    saying how it was chosen (for the run log). ``requested`` (``--threads``) is taken as given."""
+    saying how it was chosen (for the run log). ``requested`` (``--threads``) is taken as given. Timing the counts
+    costs about ``TIMING_STEPS`` steps on all cores; where that is more than ``max_seconds`` (a share of a short
+    time budget), all cores are used untimed."""
     cores = usable_cores()
     if device is not None and device.type != "cpu":
         return torch.get_num_threads(), f"threads: {torch.get_num_threads()} (the model runs on {device})"
@@ -96,6 +99,9 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
     torch.set_num_threads(cores)
     step()  # cold: the first call builds oneDNN's primitives and the allocator's pools
     t_all = timed(step)
+    if TIMING_STEPS * t_all > max_seconds:
+        return cores, (f"threads: all {cores} cores, not timed (a {what} takes {t_all:.2f} s on {cores} threads: "
+                       f"timing fewer would take ~{TIMING_STEPS * t_all:.0f} s of a short budget)")
     if t_all > HUGE_STEP_S:
         return cores, f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads: it splits well)"
     if t_all > BIG_STEP_S:

@@ -1,6 +1,6 @@
 """``--time-limit``: fit the learning-rate schedule into a wall-clock budget, so the cosine ends when time does.
 
-The first plan is made from the speed of steps 5-30 of the run (compiling and warm-up are behind by then). After
+The first plan is made from the speed of steps 5-15 of the run (compiling and warm-up are behind by then). After
 that the run re-plans every few seconds (a fiftieth of the budget, at least a second) from the pace of the steps
 since the last re-plan, so a machine that slows down or speeds up mid-epoch moves the end of the schedule with it:
 runs re-planned only once an epoch ended 16% over a 3-minute budget when another process started beside them, and
@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PROBE_STEP = 30  # the first plan is made at this step of the first epoch (from the steps since step 5)
+PROBE_STEP = 15  # the first plan is made at this step of the first epoch (from the steps since step 5); the
+# re-plans that follow every few seconds correct it, so it need not wait long (it waited for step 30 when it was the
+# only plan before the first epoch ended, and a 30-second budget could not hold it)
 WARM_STEPS = 5  # the steps a (re)started process takes before its pace is measured: compiling, allocator warm-up
 REPLAN_SHARE = 0.02  # re-plan every this share of the budget ...
 REPLAN_MIN_S = 1.0  # ... but not more often than every second
@@ -25,8 +27,10 @@ def usable_seconds(minutes: float) -> float:
 
 
 def check_budget(minutes: float, spent_s: float, step_s: float, batch: int, n_train: int, n_val: int) -> None:
+    # (``step_s``: seconds an optimizer step takes; ``batch``: the images it trains on, accumulated micro-batches
+    # included)
     """Refuse a ``--time-limit`` shorter than the shortest run it could plan: what planning took, the steps the
-    budget is fitted from (steps 5 to 30 of the first epoch: the schedule is set there) and one evaluation. A
+    budget is fitted from (steps 5 to 15 of the first epoch: the schedule is set there) and one evaluation. A
     budget of 0.05 minutes was once planned as "~-0.4 epochs" and ran a full epoch, 29 times over. ``step_s`` 0:
     no step was timed, and planning alone must fit."""
     first = min(PROBE_STEP, max(1, n_train // batch)) + 1

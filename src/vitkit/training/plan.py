@@ -29,17 +29,19 @@ from typing import Any, Callable
 import torch
 
 from ..data.datasets import DataSplits
-from ..data.stream import choose_workers
+from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
+from ..runtime.memory import release_free_memory
 from ..runtime.threads import choose_threads, threads_for_ranks
 from .budget import check_budget, usable_seconds
-from .build import build_data, for_run
+from .build import build_data, for_run, model_config
 from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
+from .memory_plan import check_weights_fit, decide_memory
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
 
@@ -71,6 +73,7 @@ class Plan:
     epochs_affordable: float | None = None
     notes: list[str] = field(default_factory=list)  # one sentence per decision
     seconds: float = 0.0  # spent planning (calibration included), inside the run's budget
+    memory: dict[str, Any] | None = None  # what fits the memory this process may use (memory_plan.py)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -120,12 +123,13 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
-        cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "")
+        cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "", log)
     if world > 1:
         cfg = _from_rank0(cfg, p, device)
     if threads_note:
         p.notes.append(threads_note)
     p.chosen["threads"] = torch.get_num_threads()
+    release_free_memory()  # what the planner's steps left in the heap, before the run's own
     p.seconds = time.time() - start
     if rank == 0:
         for line in p.lines():
@@ -134,7 +138,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
 
 
 def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
-            measure_threads: bool) -> TrainConfig:
+            measure_threads: bool, log: Callable[[str], None] = print) -> TrainConfig:
     data = data.with_train_fraction(cfg.train_fraction)
     gpu_batch = device.type == "cuda" and cfg.gpu_batch
     grow = bool(cfg.max_epochs and cfg.time_limit and not cfg.resume)
@@ -142,16 +146,26 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
             or grow):
         p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                         channels_last=cfg.channels_last)
-        cfg = _decide_workers(cfg, data, device, p)
+        if device.type == "cpu" and not cfg.init:
+            check_weights_fit(cfg, model_config(cfg, data))
+        probe = _probe(cfg, data, device)
+        cfg, probe, _ = _fit_memory(cfg, data, device, p, probe, step_candidates(cfg, device), log)
+        cfg = _decide_workers(cfg, data, device, p, probe)
         if cfg.time_limit:
-            check_budget(cfg.time_limit, time.time() - start_time, 0.0, cfg.batch_size, len(data.train),
-                         len(data.val))
+            check_budget(cfg.time_limit, time.time() - start_time, 0.0, cfg.batch_size * cfg.grad_accum,
+                         len(data.train), len(data.val))
         return cfg  # nothing to time
+    if device.type == "cpu" and not cfg.init:  # (weights loaded for --init are counted as they are read)
+        check_weights_fit(cfg, model_config(cfg, data))
     probe = _probe(cfg, data, device)
     cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
+    # before any full-size step is run (the threads' and the candidates' timings run them): what fits in memory
+    cfg, probe, cands = _fit_memory(cfg, data, device, p, probe, cands, log)
     if measure_threads:  # first: every candidate below is timed at the thread count the run trains with (timed at
         # two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)
-        p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device)[1])
+        p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device,
+                                      optional_seconds(cfg, start_time))[1])
+        release_free_memory()  # each phase's steps are freed before the next one's: see runtime/memory.py
     unbatched = cfg  # the recipe's batch and LR, for a tier's model to choose its own batch from
     if gpu_batch:  # then the batch (on a GPU): every setting below is timed at the batch the run trains with
         cfg = _decide_batch(cfg, data, device, p, cands[0])
@@ -161,9 +175,10 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
                         step_workload(cfg, probe.model, probe.n, device), cands, probe.make, refresh=refresh)
         p.calibrations.append(cal)
+        release_free_memory()
     if cfg.tiers and cfg.time_limit and not cfg.resume and cal is not None:
         cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh,
-                                     unbatched if gpu_batch else None)
+                                     unbatched if gpu_batch else None, log)
     if cfg.tiers:
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
     if grow:
@@ -188,31 +203,87 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
     p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                     channels_last=cfg.channels_last)
-    cfg = _decide_workers(cfg, data, device, p, probe)
+    step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
+    cfg = _decide_workers(cfg, data, device, p, probe, step_s, optional_seconds(cfg, start_time))
     if cfg.time_limit:  # (without a timed step: planning alone must fit)
-        step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
         check_budget(cfg.time_limit, time.time() - start_time, step_s * cfg.batch_size / probe.n * cfg.grad_accum,
-                     cfg.batch_size, len(data.train), len(data.val))
+                     cfg.batch_size * cfg.grad_accum, len(data.train), len(data.val))
     return cfg
 
 
 def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan,
-                    probe: StepProbe | None = None) -> TrainConfig:
+                    probe: StepProbe | None = None, step_s: float = 0.0,
+                    max_seconds: float = math.inf) -> TrainConfig:
     """A streamed dataset: how many DataLoader workers decode while the run's step trains (stream.choose_workers:
-    the pipeline timed with each count, on the chosen settings' eager step), unless ``--workers`` said."""
+    the pipeline timed with each count, on the chosen settings' eager step), unless ``--workers`` said. Timing a
+    count costs a few steps; where the counts would cost more than ``max_seconds`` (``step_s`` a step), two
+    workers (or what memory allows) are used untimed."""
     if not data.streamed:
         return cfg
-    if cfg.workers is not None:
+    most = max_workers(p)
+    if cfg.workers is not None and cfg.workers > most:
+        p.notes.append(f"data: {data.how}, --workers {cfg.workers} -> {most} ({worker_cap_reason(p)})")
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": most})
+    elif cfg.workers is not None:
         p.notes.append(f"data: {data.how}, {cfg.workers} workers (--workers)")
+    elif sum(w + 4 for w in worker_candidates() if w <= most) * step_s > max_seconds:
+        w = min(2, most)
+        p.notes.append(f"data: {data.how}, {w} workers, not timed (timing the counts would take ~"
+                       f"{sum(k + 4 for k in worker_candidates() if k <= most) * step_s:.0f} s of a short budget)")
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
     else:
         probe = probe or _probe(cfg, data, device)
         settings = {k: getattr(cfg, k) for k in ("precision", "attention", "channels_last")}  # decided by now
-        w, rates = choose_workers(data.train, probe.n, probe.make_fed(settings), device)
+        w, rates = choose_workers(data.train, probe.n, probe.make_fed(settings), device,
+                                  [w for w in worker_candidates() if w <= most] or [0])
         p.notes.append(f"data: {data.how}; decoding while the step trains, " + ", ".join(
             f"{k} worker{'s' if k != 1 else ''} {v:,.0f} img/s" for k, v in rates.items()) + f" -> {w}")
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
     p.chosen["workers"] = cfg.workers
     return cfg
+
+
+WORKERS_PER_CORE = 2  # DataLoader workers beyond this many a core decode no faster: they take memory and start-up
+# (999 workers on 2 cores took no step in 150 s)
+
+
+def max_workers(p: Plan) -> int:
+    """The most DataLoader workers a run may start: twice the cores, and what the memory plan left room for."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = WORKERS_PER_CORE * cores
+    if p.memory and p.memory.get("max_workers") is not None:
+        most = min(most, p.memory["max_workers"])
+    return most
+
+
+def worker_cap_reason(p: Plan) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if p.memory and p.memory.get("max_workers") is not None and p.memory["max_workers"] < WORKERS_PER_CORE * cores:
+        return "what fits in memory beside the step"
+    return f"{WORKERS_PER_CORE} a core on the {cores} cores this process may use: more decode no faster"
+
+
+# ------------------------------------------------------------------------------------------ memory
+def _fit_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, probe: StepProbe,
+                cands: list[dict[str, Any]], log: Callable[[str], None] = print
+                ) -> tuple[TrainConfig, StepProbe, list[dict[str, Any]]]:
+    """The batch (with accumulation), evaluation batch, workers and candidates that fit the memory this process may
+    use (memory_plan.py), measured on ``probe``'s step; the probe again at a smaller batch. Said at once (a run the
+    kernel kills later has said what it planned), and kept in ``plan.memory``."""
+    decision = decide_memory(cfg, probe, cands, data.streamed) if device.type == "cpu" else None
+    if decision is None:
+        return cfg, probe, cands
+    log(" " + decision.note)
+    p.memory = {"note": decision.note, "batch": decision.batch, "grad_accum": decision.grad_accum, "eval_batch": decision.eval_batch,
+                "max_workers": decision.max_workers, "asked": [cfg.batch_size, cfg.grad_accum],
+                "measured": [{**m.settings, "peak_bytes": dict(zip(m.batches, m.peak))} for m in decision.measured]}
+    new = {"batch_size": decision.batch, "grad_accum": decision.grad_accum, "eval_batch_size": decision.eval_batch}
+    if all(getattr(cfg, k) == v for k, v in new.items()):
+        return cfg, probe, decision.fits
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), **new})
+    if decision.batch != probe.n:
+        probe = _probe(cfg, data, device)
+    return cfg, probe, decision.fits
 
 
 # ------------------------------------------------------------------------------------------ the batch on a GPU
@@ -255,6 +326,15 @@ def _batch_measure(cfg: TrainConfig, data: DataSplits, device: torch.device, set
     return measure
 
 
+OPTIONAL_SHARE = 0.1  # of what is left of a --time-limit, what the measurements a run can do without may take
+
+
+def optional_seconds(cfg: TrainConfig, start_time: float) -> float:
+    """Seconds the planner may spend on the measurements a run can do without (the thread count, the workers):
+    a tenth of what is left of a time budget (they took 12 s of a 30-second one), unbounded without one."""
+    return OPTIONAL_SHARE * _budget_left(cfg, start_time) if cfg.time_limit else math.inf
+
+
 def _budget_left(cfg: TrainConfig, start_time: float) -> float:
     return usable_seconds(cfg.time_limit) - (time.time() - start_time)
 
@@ -279,8 +359,8 @@ def tier_name(tier: dict[str, Any]) -> str:
 
 
 def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, probe: StepProbe,
-               cal: Calibration, start_time: float, refresh: bool, unbatched: TrainConfig | None = None
-               ) -> tuple[TrainConfig, StepProbe, Calibration]:
+               cal: Calibration, start_time: float, refresh: bool, unbatched: TrainConfig | None = None,
+               log: Callable[[str], None] = print) -> tuple[TrainConfig, StepProbe, Calibration]:
     """The tier the budget buys; a tier that changes the step re-times the candidates close to the best on it, and
     on a GPU (``unbatched``: the config before its batch was chosen) first chooses the tier's model its own batch."""
     _, world = rank_and_world()
@@ -293,6 +373,9 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
         p.notes.append(f"{bought}: the recipe as it is (no tier for {epochs:.1f} epochs)")
         return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
     new = cfg.with_tier(tier)
+    if p.memory and "batch_size" in tier:  # the tier's own batch, accumulated as the run was asked (not as the
+        # memory plan split the recipe's batch); the memory plan splits it again below where it does not fit
+        new = TrainConfig.from_dict({**new.to_dict(), "grad_accum": p.memory["asked"][1]})
     changed = describe_changes(cfg.to_dict(), {k: v for k, v in tier.items() if k not in TIER_BOUNDS},
                                probe.model.config.to_dict())
     p.tier = dict(tier)
@@ -306,6 +389,8 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     except ValueError as e:
         raise type(e)(f"{tier_name(tier)}: {e}") from None
     close = [t.settings for t in cal.timings if t.seconds is not None and t.seconds <= RETIME * cal.best.seconds]
+    if p.memory is not None:  # the tier's model and batch: what fits again, before any of its steps is timed
+        new, new_probe, close = _fit_memory(new, data, device, p, new_probe, close, log)
     new_cal = calibrate(f"training step ({_describe_model(new_probe.model)}, batch {new_probe.n}; the tier's model)",
                         device, step_workload(new, new_probe.model, new_probe.n, device), close, new_probe.make,
                         refresh=refresh)
@@ -321,7 +406,7 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
 
 
 GROW_SLACK = 1.25  # a grown schedule asks this much more than the budget is estimated to buy: the run's own re-plans
-# (training/budget.py: from steps 5-30, then every few seconds) end its cosine at the budget, never past it
+# (training/budget.py: from steps 5-15, then every few seconds) end its cosine at the budget, never past it
 
 
 def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, cal: Calibration,

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_dataset
 from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
+from ..model.registry import get_config
 from .build import init_crop
 from .checkpoint import recover_run
 from .config import NAFLEX_REFUSES, TIER_BOUNDS, TrainConfig, lay_over, read_recipe, read_yaml, safe_yaml
@@ -91,6 +92,9 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
                     f"alike: short side to {h / crop['crop_pct']:.0f} ({crop['interpolation']}), centre {h}x{w} crop")
         merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
+        users_model = given.get("model") or file_cfg.get("model")
+        if users_model and users_model != merged.get("model"):
+            _for_users_model(merged, users_model, {**file_cfg.get("model_args", {}), **src.model_args}, name, say)
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
@@ -112,6 +116,31 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _for_users_model(merged: dict[str, Any], model: str, users_args: dict[str, Any], recipe: str,
+                     say: Callable[[str], None]) -> None:
+    """A ``--model`` other than the recipe's is that model: the recipe's settings for its own model (width, depth,
+    heads, a CNN stem; its tiers' too) are left out, with a line. (They were laid over any --model: ``--model
+    vit_small_patch16_224`` on a folder trained a ViT-S with patches of 8, on CIFAR-10 one of width 128 behind a
+    convolutional stem.) The recipe's image size is the data's and stays; its patch size stays only where the
+    model's own does not tile that size."""
+    ours = dict(merged.get("model_args", {}))
+    keep = {"img_size": ours["img_size"]} if "img_size" in ours else {}
+    own_patch = get_config(model).patch_size
+    size = users_args.get("img_size", keep.get("img_size"))
+    if "patch_size" in ours and size is not None and any(s % own_patch for s in to_2tuple(size)):
+        keep["patch_size"] = ours["patch_size"]
+    left_out = {k: v for k, v in ours.items() if k not in keep and k not in users_args}
+    merged["model_args"] = keep
+    if merged.get("tiers"):
+        merged["tiers"] = [{k: v for k, v in t.items() if k != "model_args"} for t in merged["tiers"]]
+    if left_out or "patch_size" in keep:
+        said = ", ".join(f"{k} {v}" for k, v in left_out.items())
+        say(f"--model {model}: configs/{recipe}.yaml's settings for its own model ({merged.get('model')})"
+            + (f" are left out: {said}" if said else "")
+            + (f"; its patch size {keep['patch_size']} is kept, since {model}'s {own_patch} does not tile "
+               f"{size} px (--patch-size to choose)" if "patch_size" in keep else ""))
 
 
 def _without_fixed_size_augmentation(merged: dict[str, Any], users: dict[str, Any], say: Callable[[str], None]

@@ -26,6 +26,7 @@ from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
+from ..runtime.memory import release_free_memory
 from ..runtime.precision import autocast_for, matmul_precision
 from .budget import TimeBudget
 from .build import build_data, build_model, for_run, model_for_training, preprocessing_for, resident
@@ -198,6 +199,7 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch * cfg.grad_accum - self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
                    leave=False, mininterval=1.0, dynamic_ncols=True, disable=not self.progress)
         seen, t0 = 0, time.time()
+        release_free_memory()  # (after an evaluation: its freed heap goes back before the steps allocate theirs)
         for x, y in it:
             if self.step >= self.total_steps:
                 break
@@ -244,6 +246,7 @@ class Trainer:
     def _evaluate_and_keep_best(self) -> dict[str, Any]:
         """Evaluate (timed, for the time-limit plan) and save ``best/`` when top-1 improved."""
         t = time.time()
+        release_free_memory()  # the training step's freed heap goes back first: see runtime/memory.py
         metrics = self.evaluate()
         if self.budget:
             self.budget.evaluated(time.time() - t)

@@ -1,0 +1,311 @@
+"""The run's own memory, planned before its first full-size step: on the CPU a step that does not fit is not an
+error the run can catch but the kernel's kill (exit 137, no word), and the planner's own timings run full-size
+steps. A 50,400-photo folder under a 1.5 GiB container limit was streamed, as it should be, and then killed while
+the planner timed the recipe's step at batch 64.
+
+What the step needs is measured on the run's own step at small batches (``runtime.memory.peak_bytes``: PyTorch's
+allocations, doubling the batch until the growth per image is steady) and scaled to the batch; the workers that
+decode a streamed dataset and a margin are added, and the whole is compared with the memory this process may use
+(its container's limit, else the host's). A batch that does not fit is split into micro-batches whose gradients
+are accumulated (the recipe's global batch, and so its learning rate, unchanged); a candidate setting that does not
+fit at that batch (fp32 where bf16 fits, the exact attention where fused SDPA fits) is not timed; a model that does
+not fit at batch 1 is refused, with the numbers, before the kernel does it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..data.stream import PREFETCH
+from ..model.config import ViTConfig
+from ..model.vit import VisionTransformer, set_attention
+from ..runtime.memory import Memory, available_memory, peak_bytes, release_free_memory
+from ..runtime.precision import autocast_for
+from ..runtime.threads import usable_cores
+from .config import TrainConfig
+from .probe import StepProbe
+
+MiB = 2 ** 20
+# What the process really holds per byte PyTorch's allocator reports at the step's peak (glibc's arenas and their
+# fragmentation, oneDNN's scratch, the trainer's augmentation and gradient clipping beside the step): a ViT-Ti/8
+# step at batch 64, 416 MiB of allocations, grew the resident set by 500-520 MiB; a ViT-S/16 at 224 px, batch 8,
+# 551 MiB: 620-660 MiB alone and 754 MiB in the trainer (Intel Xeon with AMX, torch 2.14.1, 1 and 2 threads).
+OVERHEAD = 1.4
+# Python's own objects, the batch in flight and its augmentation, a checkpoint being written, and what the run
+# holds beyond the planner's probe (its own model and optimizer, oneDNN's caches): a ViT-Ti/8 run's resident set
+# at its first step was ~200 MiB above the planner's at its measurement.
+RESERVE = 256 * MiB
+# A forked DataLoader worker's own pages: 32-43 MiB private after 30 batches of a streamed folder, and the pages of
+# the training process it still shares, which that process copies as it writes them again (the model and optimizer
+# state are counted once, ``_state_bytes``; the rest is Python's heap). Two workers of a ViT-Ti/8 run took ~190 MiB
+# beside the step, the batches they passed in shared memory (up to 81 MiB) included: ``worker_bytes`` adds those.
+WORKER_BYTES = 64 * MiB
+STEADY = 0.15  # the growth per image of two consecutive doublings agrees within this: the activations dominate
+
+
+@dataclass
+class StepMemory:
+    """Bytes a setting's training step holds at its peak, as measured at ``batches``: ``peak[i]`` at ``batches[i]``
+    (two steps each: the second holds the optimizer's state while it trains)."""
+
+    settings: dict[str, Any]
+    batches: list[int] = field(default_factory=list)
+    peak: list[int] = field(default_factory=list)
+
+    @property
+    def per_image(self) -> float:
+        if len(self.batches) < 2:
+            return self.peak[-1] / self.batches[-1]  # one batch only: all of it counted per image (an upper bound)
+        return (self.peak[-1] - self.peak[-2]) / (self.batches[-1] - self.batches[-2])
+
+    def at(self, batch: int) -> int:
+        """The peak at ``batch``: measured, scaled from the largest batch measured by the steady growth, or below
+        the smallest measured, that one's (the peak never grows as the batch shrinks, and below the smallest batch
+        the model and optimizer state set it, not the images)."""
+        if batch in self.batches:
+            return self.peak[self.batches.index(batch)]
+        if batch < self.batches[0]:
+            return self.peak[0]
+        return int(self.peak[-1] + self.per_image * (batch - self.batches[-1]))
+
+
+def shallow(probe: StepProbe, depth: int) -> StepProbe:
+    """``probe`` with a new model of ``depth`` blocks (the weights do not change what a step holds)."""
+    out = copy.copy(probe)
+    out.model = VisionTransformer(dataclasses.replace(probe.model.config, depth=depth))
+    return out
+
+
+def step_peak(probe: StepProbe, settings: dict[str, Any], batch: int) -> int:
+    """Bytes two training steps of ``probe``'s model at ``batch`` hold at their peak (the second holds the
+    optimizer's state while it trains), each on a fresh copy of the model and its optimizer."""
+    def two_steps() -> None:
+        step = probe.make_fed(settings, augment=False)
+        step(probe.x[:batch], probe.target[:batch])
+        step(probe.x[:batch], probe.target[:batch])
+
+    return peak_bytes(two_steps, probe.device)
+
+
+def measure_step(probe: StepProbe, settings: dict[str, Any], up_to: int, room: float) -> StepMemory:
+    """The full model's step peak at batch 2, 4, 8, ... until the growth per image is steady, the batch ``up_to``
+    is reached, or the next doubling would not fit in ``room`` bytes. Each is measured on models of one and two
+    blocks and scaled to the model's depth (every block holds the same): no full-size step runs before it is known
+    to fit (a ViT-S/8 at 224 px holds 1.1 GiB at batch 2, and a 1.5 GiB container was killed measuring it)."""
+    out = StepMemory(settings)
+    depth = probe.model.config.depth
+    one, two = shallow(probe, 1), shallow(probe, min(2, depth))
+    b = min(2, up_to)
+    while True:
+        try:
+            p1 = step_peak(one, settings, b)
+            p2 = step_peak(two, settings, b) if depth > 1 else p1
+        except (MemoryError, RuntimeError) as e:  # the allocator refused (overcommit limits): not a kill
+            if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
+                raise
+            if not out.batches:
+                raise ValueError(f"out of memory measuring the training step of a {_size(probe)} model of "
+                                 f"one block at batch {b}: {' '.join(str(e).split())[:200]}") from None
+            return out
+
+        out.batches.append(b)
+        out.peak.append(p1 + (depth - 1) * (p2 - p1))
+        steady = len(out.peak) >= 3 and abs(_growth(out, -1) - _growth(out, -2)) <= STEADY * _growth(out, -1)
+        nxt = min(2 * b, up_to, len(probe.x))
+        if steady or nxt == b or OVERHEAD * p2 * nxt / b > room:  # (what measuring the next batch would hold)
+            return out
+        b = nxt
+
+
+def _growth(m: StepMemory, i: int) -> float:
+    return (m.peak[i] - m.peak[i - 1]) / (m.batches[i] - m.batches[i - 1])
+
+
+def measure_eval(probe: StepProbe, settings: dict[str, Any], batch: int = 8) -> float:
+    """Bytes per image of an evaluation batch (forward only, no gradients) at ``batch``, everything counted per
+    image: an upper bound."""
+    model = probe.model.eval()
+    set_attention(model, settings["attention"])
+    x = probe.x[:batch]
+    precision = settings["precision"] if settings["precision"] == "bf16" else "fp32"  # as training evaluates
+
+    def forward() -> None:
+        with torch.no_grad(), autocast_for(probe.device, precision):
+            model(x)
+
+    try:
+        return peak_bytes(forward, probe.device) / len(x)
+    finally:
+        set_attention(model, "sdpa")
+        model.train()
+
+
+def room_for_this_process(memory: Memory) -> float:
+    """What one process may plan on: its share, where torchrun started several on this machine (they share it)."""
+    return memory.available / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+@dataclass
+class MemoryDecision:
+    batch: int
+    grad_accum: int
+    eval_batch: int
+    max_workers: int | None  # the most DataLoader workers that fit beside the step (None: not streamed)
+    fits: list[dict[str, Any]]  # the candidate settings that fit at ``batch``
+    note: str
+    measured: list[StepMemory] = field(default_factory=list)
+
+
+def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str, Any]], streamed: bool,
+                  memory: Memory | None = None) -> MemoryDecision | None:
+    """The batch (and accumulation), evaluation batch, workers and candidates that fit the memory this process
+    may use; None where that memory cannot be read (not Linux) or the step runs on a GPU (where an allocation
+    that does not fit is an error the trainer explains, and ``gpu_batch`` sizes the batch). Raises ValueError
+    where not even batch 1 fits.
+
+    The parts: the step at its peak (measured, x ``OVERHEAD``); ``RESERVE``; an EMA of the weights; for a streamed
+    dataset the training state the workers share (copied once as it is rewritten) and each worker (``worker_bytes``:
+    its pages and its batches in flight). The step gets what is left after one worker; the workers get what is left
+    after the step (none: the training process decodes, slower but within the memory)."""
+    given = memory
+    memory = memory or available_memory()
+    if memory is None or probe.device.type != "cpu":
+        return None
+    room = room_for_this_process(memory)
+    fixed = RESERVE + (_param_bytes(probe.model) if cfg.model_ema else 0) \
+        + (_state_bytes(probe.model, cfg) if streamed else 0)
+    one_worker = worker_bytes(probe, cfg.batch_size) if streamed else 0
+    batch = cfg.batch_size
+    worst = _extreme(candidates, worst=True)
+    measured = [measure_step(probe, worst, batch, room - fixed - one_worker)]
+    release_free_memory()
+    if given is None:  # what the measuring itself left behind (oneDNN's caches, the heap it grew) is gone too
+        memory = available_memory() or memory
+        room = room_for_this_process(memory)
+    budget = (room - fixed - one_worker) / OVERHEAD  # allocator bytes the step may peak at
+    m = measured[0]
+    if m.at(batch) > budget:  # the setting that takes the most does not fit: the least taking one sets the batch
+        best = _extreme(candidates, worst=False)
+        if best != worst:
+            m = measure_step(probe, best, batch, room - fixed - one_worker)
+            measured.append(m)
+    per_eval = measure_eval(probe, m.settings)
+    release_free_memory()
+    fits_at = _largest_fitting_batch(m, batch, budget)
+    if fits_at == 0 and streamed:  # no worker: the training process decodes, and shares no pages with one
+        fixed, one_worker = fixed - _state_bytes(probe.model, cfg), 0
+        budget = (room - fixed) / OVERHEAD
+        fits_at = _largest_fitting_batch(m, batch, budget)
+    if fits_at == 0:
+        need = OVERHEAD * m.at(1) + fixed + one_worker
+        raise ValueError(f"out of memory before the first step: {cfg.init or cfg.model} ({probe.model.num_params:,} "
+                         f"parameters) at {_size(probe)} needs ~{need / MiB:,.0f} MiB to train even one image a "
+                         f"step ({_describe(m)}), and this process may use {memory.describe()}: train a smaller "
+                         "model or --img-size, or give the process more memory")
+    accum = cfg.grad_accum * (batch // fits_at)
+    # every candidate fits where the one that takes the most does; else only the measured one that fits is timed
+    fits = candidates if measured[0].at(fits_at) <= budget else [c for c in candidates if _key(c) == m.settings]
+    step = OVERHEAD * m.at(fits_at)
+    persistent = OVERHEAD * m.at(1)  # the model, its gradients and the optimizer's state: held while evaluating
+    eval_batch = max(1, min(cfg.eval_batch_size, int((room - fixed - one_worker - persistent)
+                                                     / max(OVERHEAD * per_eval, 1.0))))
+    workers = None
+    if streamed and one_worker == 0:
+        workers = 0
+    elif streamed:  # the evaluation's batches in flight are the larger: as many workers as fit at it
+        workers = max(0, int((room - fixed - step) // worker_bytes(probe, max(fits_at, eval_batch))))
+        while workers == 0 and eval_batch > fits_at:  # a smaller evaluation batch before no worker at all
+            eval_batch = max(fits_at, eval_batch // 2)
+            workers = max(0, int((room - fixed - step) // worker_bytes(probe, eval_batch)))
+    note = (f"memory: {memory.describe()}; the step needs ~{OVERHEAD * m.at(batch) / MiB:,.0f} MiB at batch {batch} "
+            f"({_describe(m)}), {(fixed + one_worker) / MiB:,.0f} MiB more for Python"
+            + (", the EMA" if cfg.model_ema else "") + (", a DataLoader worker" if one_worker else "") + ": ")
+    if fits_at == batch:
+        note += f"batch {batch} fits"
+    else:
+        note += (f"batch {batch} does not fit: {fits_at} a step, {accum} accumulated (the global batch and the LR "
+                 f"unchanged)")
+    dropped = [c for c in candidates if c not in fits]
+    if dropped:
+        note += "; not timed, too large at that batch: " + ", ".join(
+            f"{c['precision']} {c['attention']}" for c in dropped)
+    if eval_batch < cfg.eval_batch_size:
+        note += f"; evaluation batch {cfg.eval_batch_size} -> {eval_batch}"
+    if workers == 0:
+        note += "; no room for a DataLoader worker: the training process decodes the images itself"
+    elif workers is not None and workers < 2 * usable_cores():  # (beyond that, the cores cap them: plan.py)
+        note += f"; room for {workers} DataLoader worker{'s' if workers != 1 else ''}"
+    return MemoryDecision(fits_at, accum, eval_batch, workers, fits or candidates[:1], note, measured)
+
+
+def worker_bytes(probe: StepProbe, batch: int) -> int:
+    """One DataLoader worker: its own pages and its batches in flight, ``PREFETCH`` of them at ``batch``, each held
+    three times (collated in the worker, in shared memory, and the training process's copy): an evaluation worker
+    at batch 238 grew to 119 MiB."""
+    _, c, h, w = probe.x.shape
+    return WORKER_BYTES + 3 * PREFETCH * batch * c * h * w  # uint8 images
+
+
+def check_weights_fit(cfg: TrainConfig, config: ViTConfig, memory: Memory | None = None) -> None:
+    """Before the model is built at all: its weights, the planner's copy of them, their gradients and the
+    optimizer's state must fit (a model built on PyTorch's meta device is counted, nothing allocated). A ViT-L
+    under a 1.5 GiB limit was killed while the planner built its copy. Raises ValueError naming the sizes."""
+    memory = memory or available_memory()
+    if memory is None:
+        return
+    with torch.device("meta"):
+        params = sum(p.numel() for p in VisionTransformer(config).parameters())
+    need = params * 4 * (3 + _moments(cfg)) + RESERVE  # fp32: the model, the probe's copy, gradients, moments
+    if need > room_for_this_process(memory):
+        raise ValueError(f"out of memory before the first step: {cfg.model} ({params:,} parameters) needs at least "
+                         f"{need / MiB:,.0f} MiB for its weights, a copy the planner times, the gradients and the "
+                         f"{cfg.opt} optimizer's state, before any image, and this process may use "
+                         f"{memory.describe()}: train a smaller model, or give the process more memory")
+
+
+def _largest_fitting_batch(m: StepMemory, batch: int, budget: float) -> int:
+    """The largest divisor of ``batch`` (so that micro-batches add up to it) whose step fits; 0 if none."""
+    for b in sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True):
+        if m.at(b) <= budget:
+            return b
+    return 0
+
+
+def _key(c: dict[str, Any]) -> dict[str, Any]:
+    return {"precision": c["precision"], "attention": c["attention"], "channels_last": False}
+
+
+def _extreme(candidates: list[dict[str, Any]], worst: bool) -> dict[str, Any]:
+    """The candidate that takes the most memory (fp32 over bf16, the exact attention over fused SDPA, which keeps
+    no attention matrix), or the least; the memory layout moves one convolution and is not told apart."""
+    order = {"fp32": 2, "tf32": 2, "fp16": 1, "bf16": 0, "exact": 1, "sdpa": 0}
+    pick = max if worst else min
+    return _key(pick(candidates, key=lambda c: (order.get(c["precision"], 2), order.get(c["attention"], 1))))
+
+
+def _describe(m: StepMemory) -> str:
+    at = f"batch {m.batches[0]}" + (f"-{m.batches[-1]}" if len(m.batches) > 1 else "")
+    return f"{m.settings['precision']} {m.settings['attention']}, measured at {at}"
+
+
+def _size(probe: StepProbe) -> str:
+    h, w = probe.x.shape[-2:]
+    return f"{h}x{w}"
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _state_bytes(model: torch.nn.Module, cfg: TrainConfig) -> int:
+    """The model and its optimizer's state (AdamW: two moments; SGD: the momentum; Muon: its momentum)."""
+    return _param_bytes(model) * (1 + _moments(cfg))
+
+
+def _moments(cfg: TrainConfig) -> int:
+    return 2 if cfg.opt == "adamw" else 1
