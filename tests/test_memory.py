@@ -79,54 +79,168 @@ def test_photos_are_kept_at_the_size_the_model_reads(tmp_path, capsys):
     assert "photos kept at up to 160 px a side" in out and "40 train / 40 val images, 160x160x1" in out
 
 
+# ------------------------------------------------------------------------------------------ the step's own memory
+def _probe_for(tmp_path, model_args, batch=64, **cfg):
+    import torch
+
+    from vitkit.training.build import build_data
+    from vitkit.training.config import TrainConfig
+    from vitkit.training.probe import _probe
+
+    c = TrainConfig.from_dict({"dataset": "fake", "model": "vit_tiny_patch8_224", "batch_size": batch,
+                               "model_args": {"num_classes": 10, **model_args}, "precision": "fp32",
+                               "compile": False, "attention": "exact", "channels_last": False, "tiers": None,
+                               "cache_dir": str(tmp_path), **cfg})
+    return c, _probe(c, build_data(c), torch.device("cpu"))
+
+
+def test_peak_bytes_counts_what_pytorch_allocates_at_once():
+    import torch
+
+    from vitkit.runtime.memory import peak_bytes
+
+    def two_at_once():
+        a = torch.ones(1000, 1000)  # 4,000,000 bytes
+        b = a * 2  # and 4,000,000 more while a lives
+        del a
+        return b + 1  # b and the result: 8,000,000 again, never 12
+
+    assert 8_000_000 <= peak_bytes(two_at_once, torch.device("cpu")) < 8_000_000 + 1024  # (+ a scalar or two)
+
+
+def test_the_steps_peak_scaled_from_one_and_two_blocks_is_the_full_models(tmp_path):
+    """The planner never runs a full-size step before it knows it fits: it measures models of one and two blocks
+    and scales by the depth. Against the full 12-block model's own step, measured directly."""
+    from vitkit.training.memory_plan import measure_step, step_peak
+
+    _, probe = _probe_for(tmp_path, {"img_size": 32, "patch_size": 4})
+    for s in ({"precision": "fp32", "attention": "exact", "channels_last": False},
+              {"precision": "bf16", "attention": "sdpa", "channels_last": False}):
+        m = measure_step(probe, s, 32, room=1e12)
+        assert m.batches[0] == 2 and len(m.batches) >= 3  # doubled until the growth per image was steady
+        for b in (2, 16, 32):  # measured and scaled beyond the largest measured batch
+            assert m.at(b) == pytest.approx(step_peak(probe, s, b), rel=0.03), (s, b)
+        assert m.at(1) == m.at(2)  # below the smallest batch measured: its peak (the model and optimizer set it)
+
+
+def test_a_batch_that_does_not_fit_is_split_and_accumulated_and_larger_settings_are_not_timed(tmp_path):
+    from vitkit.training.memory_plan import OVERHEAD, RESERVE, decide_memory, measure_step
+
+    cfg, probe = _probe_for(tmp_path, {"img_size": 32, "patch_size": 4})
+    cands = [{"precision": p, "attention": a, "channels_last": False} for p in ("bf16", "fp32")
+             for a in ("sdpa", "exact")]
+    sdpa = measure_step(probe, cands[0], 64, 1e12)
+    exact = measure_step(probe, cands[3], 64, 1e12)
+    # room for bf16 sdpa at 16 images a step, not at 32, nor fp32 exact at 16
+    room = RESERVE + OVERHEAD * (sdpa.at(16) + sdpa.at(32)) / 2
+    assert OVERHEAD * exact.at(16) + RESERVE > room
+    d = decide_memory(cfg, probe, cands, streamed=False, memory=Memory(int(room), int(1.5 * GIB), "cgroup v1 limit"))
+    assert (d.batch, d.grad_accum) == (16, 4)  # the recipe's 64 images an optimizer step, as micro-batches
+    assert d.fits == [cands[0]]
+    assert "batch 64 does not fit: 16 a step, 4 accumulated" in d.note and "not timed" in d.note
+    d = decide_memory(cfg, probe, cands, streamed=False, memory=Memory(50 * GIB, None, "host MemAvailable"))
+    assert (d.batch, d.grad_accum, d.fits) == (64, 1, cands) and "batch 64 fits" in d.note
+
+
+def test_a_model_that_cannot_train_one_image_is_refused_with_the_numbers(tmp_path):
+    from vitkit.model import get_config
+    from vitkit.training.config import TrainConfig
+    from vitkit.training.memory_plan import check_weights_fit, decide_memory
+
+    cfg, probe = _probe_for(tmp_path, {"img_size": 32, "patch_size": 4})
+    cands = [{"precision": "fp32", "attention": "sdpa", "channels_last": False}]
+    with pytest.raises(ValueError, match=r"out of memory before the first step: vit_tiny_patch8_224 \(5,"
+                                         r"[\d,]+ parameters\) at 32x32 needs ~[\d,]+ MiB to train even one image"):
+        decide_memory(cfg, probe, cands, streamed=False, memory=Memory(300 * 2**20, GIB, "cgroup v1 limit"))
+    # before a model is built: its weights, the planner's copy, gradients and AdamW's moments (ViT-L: 303M x 20 B)
+    large = TrainConfig.from_dict({**cfg.to_dict(), "model": "vit_large_patch16_224"})
+    with pytest.raises(ValueError, match=r"vit_large_patch16_224 \(303,[\d,]+ parameters\) needs at least "
+                                         r"6,[\d,]+ MiB .* 1.0 GiB left of a 1.5 GiB cgroup v1 limit"):
+        check_weights_fit(large, get_config("vit_large_patch16_224", num_classes=10),
+                          Memory(GIB, int(1.5 * GIB), "cgroup v1 limit"))
+
+
 CGROUP = Path("/sys/fs/cgroup/memory")
 
 
-@pytest.mark.skipif(not os.access(CGROUP, os.W_OK), reason="no writable cgroup-v1 memory controller")
-def test_under_a_real_container_memory_limit_the_folder_streams_and_memory_mode_is_refused(tmp_path):
-    """A real cgroup-v1 limit of 1 GiB, as a container sets it, on a folder of 16,000 photos of 128x128 (750 MiB
-    decoded, 825 MiB at the decode's peak, beside the ~600 MiB of Python, torch and vitkit): killed by the kernel at
-    "decoding train" (exit 137, no message) before any check; since, ``auto`` streams it from the files and trains
-    within the limit, and a forced ``--data-mode memory`` is one line naming the sizes."""
-    group = CGROUP / f"vitkit-test-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(GIB))
-    except OSError as e:
-        pytest.skip(f"cannot make a memory cgroup here: {e}")
-    try:
-        rng = np.random.default_rng(0)
-        tile = [Image.fromarray(rng.integers(0, 255, (128, 128, 3), np.uint8)) for _ in range(8)]
-        for split, per_class in (("train", 1400), ("val", 200)):
-            for c in range(10):
-                d = tmp_path / "photos" / split / str(c)
-                d.mkdir(parents=True)
-                for i in range(per_class):
-                    tile[i % 8].save(d / f"{i}.jpg", quality=60)
+@pytest.fixture
+def cgroup_of():
+    """A real cgroup-v1 memory group with a limit, as a container sets it; ``run(limit, argv)`` runs vitkit in it
+    and returns (the completed process, the group's peak usage in bytes)."""
+    if not os.access(CGROUP, os.W_OK):
+        pytest.skip("no writable cgroup-v1 memory controller")
+    groups = []
 
-        def train(*flags: str) -> subprocess.CompletedProcess:
-            code = (f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid())); "
-                    "from vitkit.cli.main import main; import sys; "
-                    f"sys.exit(main(['train', '--dataset', 'folder', '--data-dir', {str(tmp_path / 'photos')!r}, "
-                    f"'--cache-dir', {str(tmp_path / 'cache')!r}, '--device', 'cpu', *{list(flags)!r}]))")
-            return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    def run(limit: int, argv: list[str]) -> tuple[subprocess.CompletedProcess, int]:
+        group = CGROUP / f"vitkit-test-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+        except OSError as e:
+            pytest.skip(f"cannot make a memory cgroup here: {e}")
+        groups.append(group)
+        code = (f"import os; open({str(group / 'cgroup.procs')!r}, 'w').write(str(os.getpid())); "
+                f"from vitkit.cli.main import main; import sys; sys.exit(main({argv!r}))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        return r, int((group / "memory.max_usage_in_bytes").read_text())
 
-        r = train("--data-mode", "memory", "--epochs", "1", "--output", str(tmp_path / "m"))
-        assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-        assert "nothing was decoded" in r.stderr and "cgroup v1 limit" in r.stderr and "Traceback" not in r.stderr
-        # a few steps of the folder's recipe, streamed (a small model: the point is the memory, not the accuracy)
-        r = train("--train-fraction", "0.1", "--epochs", "1", "--depth", "2", "--embed-dim", "64", "--num-heads", "2",
-                  "--output", str(tmp_path / "s"))
-        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
-        assert "streamed from the files" in r.stdout and "cgroup v1 limit" in r.stdout
-        assert "final: val_top1=" in r.stdout
-        peak = int((group / "memory.max_usage_in_bytes").read_text())
-        assert peak < GIB  # (the kernel would have killed it otherwise; the number for the note)
-        print(f"peak {peak / 2**20:.0f} MiB under the 1 GiB limit")
-    finally:
+    yield run
+    for group in groups:
         for _ in range(50):
             try:
                 group.rmdir()
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """15,400 photos of 128x128 (757 MiB decoded): more than a 1.5 GiB container's process may hold in memory."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    tile = [Image.fromarray(rng.integers(0, 255, (128, 128, 3), np.uint8)) for _ in range(8)]
+    for split, per_class in (("train", 1500), ("val", 40)):
+        for c in range(10):
+            d = root / split / str(c)
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                tile[i % 8].save(d / f"{i}.jpg", quality=60)
+    return root
+
+
+def test_under_a_real_container_limit_the_recipe_streams_plans_its_memory_and_trains(photos, tmp_path, cgroup_of):
+    """Issue 58: a folder too large for a 1.5 GiB container was streamed, and then the recipe's model (ViT-Ti/8 at
+    64 px, batch 64) was killed by the kernel while the planner timed it (exit 137, no word); ``--data-mode memory``
+    is refused with the sizes. Now the run says what its step needs and trains to its final line within the limit."""
+    base = ["train", "--dataset", "folder", "--data-dir", str(photos), "--cache-dir", str(tmp_path / "cache"),
+            "--device", "cpu"]
+    r, _ = cgroup_of(int(1.5 * GIB), [*base, "--data-mode", "memory", "--epochs", "1", "--output", str(tmp_path / "m")])
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "nothing was decoded" in r.stderr and "cgroup v1 limit" in r.stderr and "Traceback" not in r.stderr
+    r, peak = cgroup_of(int(1.5 * GIB), [*base, "--train-fraction", "0.05", "--epochs", "1",
+                                         "--output", str(tmp_path / "s")])
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "streamed from the files" in r.stdout and "final: val_top1=" in r.stdout
+    assert " memory: " in r.stdout and "cgroup v1 limit; the step needs ~" in r.stdout
+    assert peak < 1.5 * GIB
+    print(f"peak {peak / 2**20:.0f} MiB under the 1.5 GiB limit")
+
+
+def test_under_a_real_container_limit_a_model_that_cannot_fit_is_refused_before_the_kernel_kills_it(
+        tmp_path, cgroup_of):
+    """ViT-L (303M parameters: 5.7 GiB of weights, gradients and AdamW state) in 1.5 GiB: exit 2 and one line, before
+    the model is built; ViT-S/8 at 224 px (785 tokens), whose weights fit, refused after measuring its step on a block
+    or two: one image a step takes 1.1 GiB."""
+    root = write_digits_folder(tmp_path / "d", per_class=4, size=32, mode="RGB")
+    base = ["train", "--dataset", "folder", "--data-dir", str(root), "--cache-dir", str(tmp_path / "cache"),
+            "--device", "cpu", "--epochs", "1", "--img-size", "224"]
+    for model, patch, said in (("vit_large_patch16_224", "16", "needs at least"),
+                               ("vit_small_patch16_224", "8", "to train even one image")):
+        r, peak = cgroup_of(int(1.5 * GIB), [*base, "--model", model, "--patch-size", patch,
+                                             "--output", str(tmp_path / model)])
+        assert r.returncode == 2, (model, r.returncode, r.stderr[-2000:])
+        err = [line for line in r.stderr.splitlines() if "error" in line or "Traceback" in line]  # (not tqdm's)
+        assert len(err) == 1 and err[0].startswith("vitkit train: error: out of memory before the first step: "
+                                                   f"{model}") and said in err[0], err
+        assert peak < 1.5 * GIB

@@ -163,6 +163,8 @@ def memory_need(images: int, hw: tuple[int, int], channels: int) -> tuple[int, i
     return decoded, int(decoded * DECODE_PEAK)
 
 
+RUN_BYTES = 384 * 2 ** 20  # what the smallest run needs beside its data (a step, Python's heap): a forced
+# --data-mode memory whose decode peak (825 MiB) fitted the 1.0 GiB a 1.5 GiB container left was killed decoding
 AUTO_SHARE = 0.5  # of the memory the process may use, what data in memory may take under --data-mode auto: the
 # rest is the run's own (a 2-core CPU run's step took ~600 MB beside torch's ~800 MB; workers, the page cache)
 
@@ -178,8 +180,10 @@ def fits_in_memory(path: str, images: int, hw: tuple[int, int], channels: int, s
             f"~{peak / gib:.2f} GiB at the decode's peak")
     if mem is None:  # not Linux: nothing to go by
         return True, what
-    return peak <= share * mem.available, f"{what}; this process may use {mem.describe()}" + (
-        f", and data in memory at most {share:.0%} of it" if share < 1 else "")
+    return peak <= min(share * mem.available, mem.available - RUN_BYTES), \
+        f"{what}; this process may use {mem.describe()}" + (
+            f", and data in memory at most {share:.0%} of it" if share < 1 else f", {RUN_BYTES >> 20} MiB of it the "
+                                                                                "run's own at least")
 
 
 def check_fits_in_memory(path: str, images: int, hw: tuple[int, int], channels: int) -> None:
