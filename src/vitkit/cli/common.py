@@ -73,9 +73,16 @@ def add_threads_flag(p: argparse.ArgumentParser) -> None:
 
 def apply_threads(ns: argparse.Namespace) -> None:
     if getattr(ns, "threads", None):
+        import sys
+
         import torch
 
-        torch.set_num_threads(ns.threads)
+        from ..runtime.threads import usable_cores
+
+        if ns.threads > usable_cores():
+            print(f"--threads {ns.threads}: {usable_cores()}, the cores this process may use (more threads wait for "
+                  "each other)", file=sys.stderr)
+        torch.set_num_threads(min(ns.threads, usable_cores()))
 
 
 def add_model_flags(p: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -106,12 +113,12 @@ def add_data_flags(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS)
 
 
 def load_data_from_args(ns: argparse.Namespace, default: str = "digits",  # type: ignore[no-untyped-def]
-                        crop: dict[str, Any] | None = None):
+                        crop: dict[str, Any] | None = None, mode: str = "auto"):
     from ..data.datasets import default_cache_dir, load_dataset
 
     return load_dataset(getattr(ns, "dataset", None) or default, getattr(ns, "data_dir", None),
                         getattr(ns, "download", False), getattr(ns, "skip_bad_images", False),
-                        getattr(ns, "cache_dir", None) or default_cache_dir(), crop=crop)
+                        getattr(ns, "cache_dir", None) or default_cache_dir(), crop=crop, mode=mode)
 
 
 def add_weights_flags(p: argparse.ArgumentParser) -> None:

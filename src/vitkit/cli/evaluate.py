@@ -45,8 +45,10 @@ def _run_dataset_defaults(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..data import FILE_DATASETS
     from ..data.images import crop_spec
-    from ..data.preprocess import normalizer
+    from ..data.naflex import as_naflex
+    from ..data.preprocess import naflex_note, normalizer
     from ..inspect.plots import plot_confusion
     from ..runtime.inference import optimize_for_inference
     from ..runtime.precision import dtype_of
@@ -61,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
     onnx = isinstance(model, OnnxModel)
     pre = getattr(model, "preprocessing", None) or {}
     c = model.config
-    data = load_data_from_args(args, crop=crop_spec(pre, c.img_size))  # a folder: prepared as predict prepares it
+    naflex = bool(pre.get("naflex_max_tokens")) and not onnx and (getattr(args, "dataset", None) in FILE_DATASETS)
+    if pre.get("naflex_max_tokens") and not naflex:  # an ONNX graph takes one size; in-memory data has one size
+        print(naflex_note(pre, c, "this evaluation runs", "`vitkit predict`, and `vitkit eval` of its PyTorch "
+                                                          "weights on a folder, shards or a Hugging Face dataset, run"))
+    # a folder: prepared as predict prepares it; a NaFlex checkpoint's: streamed as NaFlex batches, as it trained
+    data = load_data_from_args(args, crop=crop_spec(pre, c.img_size), mode="stream" if naflex else "auto")
+    if naflex:
+        data = as_naflex(data, c.patch_size, pre["naflex_max_tokens"])
     if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
         raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} "
                          f"has {data.num_classes} / {data.in_chans}")

@@ -36,7 +36,7 @@ def hf_image_processor(pre: dict, config) -> dict:  # type: ignore[no-untyped-de
 def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
-    from ..data.preprocess import preprocessing_of
+    from ..data.preprocess import naflex_note, preprocessing_of
     from ..interop import load, to_hf, to_jax_npz, to_timm
     from ..model.serialization import atomic_write
 
@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     # resize + crop, class names), so every export is used as the checkpoint is
     meta = {"vitkit_config": json.dumps(model.config.to_dict()),
             "vitkit_preprocessing": json.dumps(preprocessing_of(model))}
+    if args.format in ("onnx", "timm", "hf", "jax") and (
+            note := naflex_note(preprocessing_of(model), model.config, f"the {args.format} export reads images",
+                                "`vitkit predict` and `vitkit eval` of the vitkit checkpoint run")):
+        print(note)  # (their runtimes feed one image size; the safetensors export keeps the NaFlex budget)
     if args.format == "safetensors":
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))

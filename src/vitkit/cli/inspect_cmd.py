@@ -180,7 +180,7 @@ def explain(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..data.preprocess import image_files, images_to_tensor, load_images, preprocessing_of
+    from ..data.preprocess import image_files, images_to_tensor, load_images, naflex_note, preprocessing_of
     from ..inspect import plots
     from ..inspect.explain import METHODS, check_method, class_names_of, explain, faithfulness, resolve_target
 
@@ -191,8 +191,17 @@ def explain(args: argparse.Namespace) -> int:
                              "--input-size H W")
         args.image = args.images[0]
     model = resized(load_weights(args).eval(), args)
-    if args.target is not None:
-        resolve_target(class_names_of(model), args.target)  # an unknown class is said before any image is read
+    if note := naflex_note(preprocessing_of(model), model.config, "each image is explained"):
+        print(note)
+    if args.target is not None:  # an unknown class is said before any image is read; the class taken, always
+        names = class_names_of(model)
+        t = resolve_target(names, args.target)
+        said = f"--target {args.target}: class {names[t]!r} (index {t})"
+        if str(args.target) in names and str(args.target).isdigit() and int(args.target) != t \
+                and int(args.target) < len(names):
+            said += (f", the class of that name; index {args.target} is class {names[int(args.target)]!r} "
+                     f"(--target {names[int(args.target)]})")
+        print(said)
     pre = preprocessing_of(model)
     out = Path(args.out)
     if out.suffix.lower() == ".png":

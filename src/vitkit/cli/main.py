@@ -97,6 +97,9 @@ def _main(argv: list[str] | None, started: float) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
+    except BrokenPipeError:  # `vitkit predict ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error as Python flushes)
+        return 141
     except (ValueError, OSError) as e:  # bad input: a message naming it, never a traceback
         print(f"vitkit {args.command}: error: {e}", file=sys.stderr)
         return 2

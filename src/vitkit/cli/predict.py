@@ -24,28 +24,38 @@ BATCH = 16  # images decoded and predicted at a time: memory stays bounded whate
 def predict(model, preprocessing: dict, paths: list[str], topk: int,  # type: ignore[no-untyped-def]
             progress: bool = False) -> list[dict]:
     """Top-k per image file: EXIF orientation applied, transparency on white, channels and size as the model wants.
-    Images are decoded ``BATCH`` at a time, each no larger than the model needs (``decode_side``)."""
+    Images are decoded ``BATCH`` at a time, each no larger than the model needs (``decode_side``) and within the
+    pixel limit training and serving keep. A file that does not decode is reported in its row (``error``) and the
+    others are predicted (one bad file lost every result before)."""
     import torch
     from tqdm import tqdm
 
+    from ..data.images import BadImageError
     from ..data.preprocess import decode_side, image_files, images_to_tensor, load_images
 
     paths = image_files(paths)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))  # an OnnxModel has none
     side = decode_side(preprocessing, model.config)
-    out = []
-    with tqdm(total=len(paths), unit="img", disable=not progress, leave=False) as bar:
+    rows: dict[str, dict] = {}
+    with tqdm(total=len(paths), unit="img", disable=not progress, leave=False) as bar, torch.no_grad():
         for i in range(0, len(paths), BATCH):
-            chunk = paths[i:i + BATCH]
-            x = images_to_tensor(load_images(chunk, max_side=side), preprocessing, model.config, naflex=True
-                                 ).to(device)
-            probs = torch.softmax(model(x).float(), dim=-1)
-            names = preprocessing.get("class_names") or [str(c) for c in range(probs.shape[1])]
-            top = probs.topk(min(topk, probs.shape[1]), dim=-1)
-            out += [{"image": p, "top": [{"class": names[int(c)], "index": int(c), "prob": float(v)}
-                                         for v, c in zip(top.values[j], top.indices[j])]} for j, p in enumerate(chunk)]
-            bar.update(len(chunk))
-    return out
+            good, images = [], []
+            for p in paths[i:i + BATCH]:
+                try:
+                    images += load_images([p], max_side=side)
+                    good.append(p)
+                except BadImageError as e:
+                    rows[p] = {"image": p, "error": str(e)}
+            if images:
+                x = images_to_tensor(images, preprocessing, model.config, naflex=True).to(device)
+                probs = torch.softmax(model(x).float(), dim=-1)
+                names = preprocessing.get("class_names") or [str(c) for c in range(probs.shape[1])]
+                top = probs.topk(min(topk, probs.shape[1]), dim=-1)
+                for j, p in enumerate(good):
+                    rows[p] = {"image": p, "top": [{"class": names[int(c)], "index": int(c), "prob": float(v)}
+                                                   for v, c in zip(top.values[j], top.indices[j])]}
+            bar.update(len(paths[i:i + BATCH]))
+    return [rows[p] for p in paths]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
-            print(r["image"])
-            for t in r["top"]:
-                print(f"  {t['prob'] * 100:6.2f}%  {t['class']}")
-    return 0
+            if "top" in r:
+                print(r["image"])
+                for t in r["top"]:
+                    print(f"  {t['prob'] * 100:6.2f}%  {t['class']}")
+    bad = [r for r in results if "error" in r]
+    for r in bad:
+        print(f"vitkit predict: {r['error']}", file=sys.stderr)
+    if bad:
+        print(f"vitkit predict: {len(bad)} of {len(results)} images did not decode; the others are above",
+              file=sys.stderr)
+    return 1 if bad else 0
 

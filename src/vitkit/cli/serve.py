@@ -54,7 +54,7 @@ def _examples(args: argparse.Namespace, names: list[str], n: int):  # type: igno
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.preprocess import preprocessing_of
+    from ..data.preprocess import naflex_note, preprocessing_of
     from ..serving.app import serve
     from ..serving.predictor import Limits, Predictor
 
@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(int(args.max_upload_mb * 1024 * 1024), args.max_pixels, workers=args.workers,
                     max_batch=args.max_batch, max_queue=args.max_queue)
     predictor = Predictor(model, pre, limits, threads=args.threads)
+    if note := naflex_note(pre, model.config, "the attention overlay is drawn",
+                           "the top-5 is predicted, as by `vitkit predict`,"):
+        print(note)
     examples = _examples(args, predictor.names, args.num_examples)
     serve(predictor, args.host, args.port, examples,
           on_ready=lambda url: print(f"vitkit demo on {url}  ({len(examples)} example images)\n"

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,15 @@ def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
                               "(nothing was overwritten)")
 
 
+SAME_STOP_S = 2.0  # a signal this soon after the first is the same stop (a launcher passing a Ctrl-C on)
+STOP_GRACE_S = 10.0  # after a stop is asked: this long, plus twice a step, for the step to end and last/ to be saved
+
+
+def stop_grace_s(batch_seconds: float | None) -> float:
+    """How long a stop waits for the step it interrupts: 10 s and two steps' time."""
+    return STOP_GRACE_S + 2 * (batch_seconds or 0.0)
+
+
 def run(args: argparse.Namespace) -> int:
     start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
@@ -222,14 +232,31 @@ def run(args: argparse.Namespace) -> int:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
                       log=lambda s: print(s, flush=True), plan_=the_plan)
-    received: list[int] = []
+    received: list[float] = []  # when the stop was asked
+    signals: list[int] = []
+    timers: list[threading.Timer] = []
+    pid = os.getpid()
 
     def on_signal(signum: int, frame: Any) -> None:
-        if received:  # a second signal: stop now
+        if os.getpid() != pid:  # a DataLoader worker, forked with this handler: the training process ends it
+            return
+        if received and time.monotonic() - received[0] > SAME_STOP_S:  # a second signal: stop now
             raise KeyboardInterrupt
-        received.append(signum)
-        print(f"\nsignal {signum}: finishing this step, saving last/ and exiting", file=sys.stderr)
+        if received:  # the same stop again: a terminal's Ctrl-C, then the launcher of a multi-process run passing
+            return  # it on to its processes
+        received.append(time.monotonic())
+        signals.append(signum)
+        grace = stop_grace_s(trainer.batch_seconds)
+        if rank == 0:  # every process of a multi-process run gets a terminal's Ctrl-C: one says it (each did)
+            print(f"\nsignal {signum}: finishing this step, saving last/ and exiting (at once on a second signal, or "
+                  f"if the step has not ended in {grace:.0f} s)", file=sys.stderr)
         trainer.request_stop()
+        # a step that cannot end (waiting for data that never comes) must not hold the process: SIGTERM once hung
+        # for 10 minutes in a DataLoader's poll
+        timer = threading.Timer(grace, os.kill, (pid, signum))
+        timer.daemon = True
+        timer.start()
+        timers.append(timer)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -240,13 +267,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"vitkit train: error: {e}", file=sys.stderr)
         return 3
     finally:
+        for timer in timers:  # the stop ended in time: no second signal
+            timer.cancel()
         for sig, handler in previous.items():  # on_signal holds the trainer: let both go
             signal.signal(sig, handler)
         del trainer
         if dist.is_initialized():
             destroy_process_group()
     if result.stopped_early:
-        return 128 + (received[0] if received else signal.SIGTERM)
+        return 128 + (signals[0] if signals else signal.SIGTERM)
     if rank == 0:
         print(f"final: val_top1={result.val_top1:.2f} epochs={result.epochs} elapsed_s={result.elapsed_s:.1f}")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -73,6 +74,8 @@ class _Source:
                 if len(rel) > 3:
                     deeper.append(n)
                     continue
+                if self.zip is None and not _regular_file(path / n):
+                    continue  # a FIFO or a device named x.jpg is no image: reading it waited for ever
                 self.dirs.setdefault(split, set()).add(cls)
                 self.files.setdefault(split, {}).setdefault(cls, []).append(n)
                 self.names[n] = stored
@@ -107,6 +110,14 @@ class _Source:
                             listing.append((n, -1, -1))
         digest = hashlib.sha256(json.dumps(sorted(listing)).encode()).hexdigest()
         return f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{digest}"
+
+
+def _regular_file(p: Path) -> bool:
+    """A regular file (or a link to one); not a FIFO, socket or device, and not a broken link."""
+    try:
+        return stat.S_ISREG(p.stat().st_mode)
+    except OSError:
+        return True  # unreadable: listed, and named by the reader (a permission, a link loop)
 
 
 def _walk(path: Path) -> list[str]:

@@ -125,6 +125,32 @@ def _columns(d: Any, path: str) -> tuple[str, str, list[str] | None]:
     return image, label, names
 
 
+def class_indices(raw: dict[str, list[Any]], names: list[str] | None, where: str,
+                  say: Callable[[str], None] | None = None) -> tuple[dict[str, list[int]], list[str]]:
+    """Each split's labels as class indices, and the class names: a ClassLabel's; whole numbers as they are
+    (0..max; 3.0 is 3); text as classes of its own, sorted (saved with the checkpoint as its class names, as a
+    folder's class folders are). A fraction, a boolean or anything else is refused by name: 0.5 became class 0."""
+    def whole(v: Any) -> bool:
+        return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+
+    values = [v for ys in raw.values() for v in ys]
+    if names is not None or all(whole(v) for v in values):
+        ints = {s: [int(v) for v in ys] for s, ys in raw.items()}
+        return ints, names or [str(i) for i in range(max(max(ys, default=0) for ys in ints.values()) + 1)]
+    if all(isinstance(v, str) for v in values):
+        classes = sorted(set(values))
+        index = {c: i for i, c in enumerate(classes)}
+        if say is not None:
+            say(f"{where}: text labels, {len(classes)} classes in sorted order ({', '.join(classes[:5])}"
+                f"{', ...' if len(classes) > 5 else ''}), saved with the checkpoint as its class names")
+        return {s: [index[v] for v in ys] for s, ys in raw.items()}, classes
+    kind = str if isinstance(values[0], str) else int
+    s, i, v = next((s, i, v) for s, ys in raw.items() for i, v in enumerate(ys)
+                   if not (isinstance(v, str) if kind is str else whole(v)))
+    raise ValueError(f"{where}[{s}][{i}]: label {v!r} ({type(v).__name__}) is not a class: expected whole numbers 0, "
+                     "1, 2, ..., a ClassLabel, or text naming the classes (one kind in the whole column)")
+
+
 def load_hf_splits(path: str, skip_bad_images: bool = False, cache_dir: str | None = None,
                    progress: Callable | None = None, max_side: int = 128, crop: dict[str, Any] | None = None,
                    mode: str = "auto", say: Callable[[str], None] | None = None) -> DataSplits:
@@ -135,8 +161,8 @@ def load_hf_splits(path: str, skip_bad_images: bool = False, cache_dir: str | No
         raise ValueError(f"{path}: splits {sorted(d)}; expected train and one of {', '.join(VAL_SPLITS)}")
     image, label, names = _columns(d["train"], path)
     splits = {"train": d["train"], val: d[val]}
-    labels = {s: [int(v) for v in x[label]] for s, x in splits.items()}  # a column read alone: no image decoded
-    classes = names or [str(i) for i in range(max(max(v, default=0) for v in labels.values()) + 1)]
+    raw = {s: list(x[label]) for s, x in splits.items()}  # a column read alone: no image decoded
+    labels, classes = class_indices(raw, names, f"{path} column {label!r}", say)
     for s, ys in labels.items():
         bad = next((i for i, y in enumerate(ys) if not 0 <= y < len(classes)), None)
         if bad is not None:

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
+# The most pixels one image may decode to, everywhere (training, predict, serve, eval): a 40-megapixel photo
+# decodes; a 12000x12000 PNG of 419 KB (2 GB and 25 s to decode, or a kill under 1 GiB) does not. A JPEG is counted
+# at the reduced scale it is decoded at (DCT scaling), so a large photo read for a small model still decodes.
+MAX_PIXELS = 40_000_000
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError)
 
 
@@ -20,30 +25,32 @@ class BadImageError(ValueError):
         self.path = path
 
 
-def open_image(data: bytes, path: str = "<bytes>", max_pixels: int | None = None,
+def open_image(data: bytes, path: str = "<bytes>", max_pixels: int | None = MAX_PIXELS,
                max_side: int | None = None) -> Image.Image:
     """Decode fully (so truncated files fail here, not later), EXIF orientation applied, first frame only;
     with ``max_side``, no larger than that on its longer side (see decode_within)."""
     return decode_within(data, path, max_pixels, max_side)[0]
 
 
-def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = None,
+def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = MAX_PIXELS,
                   max_side: int | None = None) -> tuple[Image.Image, tuple[int, int]]:
     """The image (as open_image) and its full size (H, W) after EXIF rotation. With ``max_side`` the image is
     made to fit in max_side x max_side, aspect kept, *while* it is read: a JPEG is decoded at a reduced scale
     (``Image.draft``: DCT scaling, never below the wanted size), anything else shrunk right after decoding. So a
     12-megapixel photo costs its file size and a thumbnail, not 36 MB of pixels."""
     try:
-        img = Image.open(io.BytesIO(data))
-        if max_pixels is not None and img.width * img.height > max_pixels:
-            raise BadImageError(path, f"{img.width}x{img.height} = {img.width * img.height:,} pixels, more than the "
-                                      f"limit of {max_pixels:,}")
+        with warnings.catch_warnings():  # PIL's warning of a large image: the limit below is vitkit's own
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
         img.seek(0)
         rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
         full = (img.width, img.height) if rotated else (img.height, img.width)
         box = fit_within(full, max_side) if max_side else None
         if box is not None and img.format == "JPEG":
             img.draft(img.mode, (box[0], box[1]) if rotated else (box[1], box[0]))  # (W, H) as stored
+        if max_pixels is not None and img.width * img.height > max_pixels:  # (as it will decode: after the draft)
+            raise BadImageError(path, f"{full[1]}x{full[0]} = {full[0] * full[1]:,} pixels, more than the limit of "
+                                      f"{max_pixels:,} an image may decode to")
         img.load()
         img = ImageOps.exif_transpose(img)
         if box is not None and (img.height, img.width) != box:

@@ -13,9 +13,9 @@ from ..model.config import to_2tuple
 from ..model.serialization import DEFAULT_PREPROCESSING, fit_channels
 from .augment import BatchAugment
 from .folder import IMAGE_EXTENSIONS, is_junk
-from .images import (BadImageError, crop_decode_side, crop_spec, decode_within, open_image, resize_and_crop,
-                     to_array, to_mode)
-from .naflex import naflex_patches
+from .images import (MAX_PIXELS, BadImageError, crop_decode_side, crop_spec, decode_within, open_image,
+                     resize_and_crop, to_array, to_mode)
+from .naflex import decode_side as naflex_decode_side, naflex_patches
 
 
 def normalizer(preprocessing: dict[str, Any], config: Any) -> BatchAugment:
@@ -95,7 +95,8 @@ def image_files(paths: list[str]) -> list[str]:
     return out
 
 
-def load_images(paths: list[str], max_pixels: int | None = None, max_side: int | None = None) -> list[Image.Image]:
+def load_images(paths: list[str], max_pixels: int | None = MAX_PIXELS, max_side: int | None = None
+                ) -> list[Image.Image]:
     """The images, decoded (``max_side``: no larger than that on their longer side, a JPEG decoded at a reduced
     scale while it is read)."""
     return [open_image(read_image_file(p), p, max_pixels, max_side) for p in paths]
@@ -116,8 +117,25 @@ def image_size(path: str) -> tuple[int, int]:
 
 
 def decode_side(preprocessing: dict[str, Any], config: Any) -> int:
-    """The longer side an image need not exceed when it is decoded for ``config``'s model (``crop_decode_side``)."""
-    return crop_decode_side(crop_spec({"crop_pct": 1.0, **preprocessing}, to_2tuple(config.img_size)))
+    """The longer side an image need not exceed when it is decoded for ``config``'s model (``crop_decode_side``);
+    for a model trained on NaFlex batches, at least what its training decoded (its budget's size at up to 4:1): a
+    photo decoded at the fixed size was then scaled up to its NaFlex size, pixels training never saw."""
+    side = crop_decode_side(crop_spec({"crop_pct": 1.0, **preprocessing}, to_2tuple(config.img_size)))
+    if preprocessing.get("naflex_max_tokens"):
+        side = max(side, naflex_decode_side(config.patch_size, preprocessing["naflex_max_tokens"]))
+    return side
+
+
+def naflex_note(preprocessing: dict[str, Any], config: Any, what: str,
+                as_trained: str = "`vitkit predict` and `vitkit eval` run") -> str | None:
+    """For a checkpoint trained on NaFlex batches, one line saying that ``what`` runs at the fixed size instead, and
+    what runs as it trained."""
+    if not preprocessing.get("naflex_max_tokens"):
+        return None
+    h, w = to_2tuple(config.img_size)
+    return (f"this checkpoint trained on NaFlex batches (each photo at its aspect ratio, at most "
+            f"{preprocessing['naflex_max_tokens']} patches): {what} at the fixed size {h}x{w} ({as_trained} as it "
+            "trained)")
 
 
 def preprocessing_of(model: Any) -> dict[str, Any]:

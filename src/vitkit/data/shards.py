@@ -79,9 +79,11 @@ def _class_names(root: Path, labels: set[int]) -> list[str]:
     indices found, as text."""
     if (root / CLASSES_FILE).is_file():
         try:
-            names = json.loads((root / CLASSES_FILE).read_text())["classes"]
+            found = json.loads((root / CLASSES_FILE).read_text())
+            names = found if isinstance(found, list) else found["classes"]  # a plain list of names is one too
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{root / CLASSES_FILE}: not a vitkit class list ({e})") from None
+            raise ValueError(f"{root / CLASSES_FILE}: not a class list: expected {{\"classes\": [names]}} (as vitkit "
+                             f"shard writes it) or a list of names ({type(e).__name__}: {e})") from None
     elif (root / "classes.txt").is_file():
         names = [line.strip() for line in (root / "classes.txt").read_text().splitlines() if line.strip()]
     else:
@@ -196,10 +198,17 @@ def write_shards(data_dir: str, out: str, per_shard: int = SHARD_IMAGES, seed: i
     except ImportError:
         raise ValueError("vitkit shard writes with the webdataset package: pip install 'vitkit[data]'") from None
 
-    src, classes, items = folder_items(data_dir)
     dest = Path(out)
-    if dest.exists() and (any(dest.glob("*.tar")) or (dest / CLASSES_FILE).exists()):
-        raise FileExistsError(f"{dest}: holds shards already; vitkit shard writes into a new or empty folder")
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"--out {dest} is a file; vitkit shard writes into a new or empty folder")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise FileExistsError(f"--out {dest} is not empty ({', '.join(sorted(p.name for p in dest.iterdir())[:3])}"
+                              "...); vitkit shard writes into a new or empty folder (nothing was written)")
+    source = Path(data_dir).resolve()
+    if source.is_dir() and (dest.resolve() == source or source in dest.resolve().parents):
+        raise ValueError(f"--out {dest} lies inside --data-dir {data_dir}: the shards would be read as images of "
+                         "the folder they are written from; choose a folder outside it")
+    src, classes, items = folder_items(data_dir)
     dest.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split, lst in items.items():

@@ -1,6 +1,8 @@
 """What every dataset loader returns: uint8 images and int64 labels in memory, a train and a validation split."""
 from __future__ import annotations
 
+import hashlib
+
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -30,6 +32,11 @@ class ImageTensors:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return tuple(self.images.shape)  # type: ignore[return-value]
+
+    def identity(self) -> str:
+        """Which images these are, as a resume checks it: their count and a digest of their labels and shape."""
+        digest = hashlib.sha256(self.labels.numpy().tobytes() + str(self.shape).encode()).hexdigest()[:16]
+        return f"{len(self)} images, {digest}"
 
     def subset(self, idx: torch.Tensor) -> "ImageTensors":
         return ImageTensors(self.images[idx], self.labels[idx])

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import time
 import zipfile
 from collections import Counter
@@ -134,9 +135,11 @@ def list_images(reader: Reader, items: dict[str, list[tuple[str, int]]], fingerp
     cache = Path(cache_dir) / f"listing-{key}.json" if cache_dir else None
     if cache is not None and cache.is_file():
         try:
-            return Listing(**json.loads(cache.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable: listed again and rewritten
+            cached = Listing(**json.loads(cache.read_text()))
+            if _lists(cached, items):
+                return cached
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # unreadable, or not this folder's listing: listed again and rewritten
     names: dict[str, list[str]] = {}
     labels: dict[str, list[int]] = {}
     sizes: Counter = Counter()
@@ -162,6 +165,23 @@ def list_images(reader: Reader, items: dict[str, list[tuple[str, int]]], fingerp
     return out
 
 
+def _lists(listing: Listing, items: dict[str, list[tuple[str, int]]]) -> bool:
+    """Whether a cached listing is the folder's: every file of every split, with its class, in order (less the ones
+    it skipped), and a size counted for each. A cache that read but was cut short trained on 50 of 120 images; one
+    with a label out of range gave a traceback."""
+    skipped = set(listing.skipped)
+    for split, lst in items.items():
+        want = [(n, ci) for n, ci in lst if n not in skipped]
+        if list(zip(listing.names.get(split, []), listing.labels.get(split, []))) != want or \
+                len(listing.names.get(split, [])) != len(want) or len(listing.labels.get(split, [])) != len(want):
+            return False
+    if set(listing.names) != set(items):
+        return False
+    counts = list(listing.sizes.values())
+    return (all(isinstance(c, int) and c > 0 for c in counts) and sum(counts) == sum(map(len, listing.names.values()))
+            and all(re.fullmatch(r"[1-9]\d*x[1-9]\d*", k) for k in listing.sizes) and isinstance(listing.gray, bool))
+
+
 def kept(listing: Listing, prep: Prepare) -> tuple[Prepare, int]:
     """``prep`` with the (H, W) every image is kept at (the crop's, the given size, else the most common size,
     scaled to fit the decode side), and the channels (1 when every image is gray, else 3)."""
@@ -185,6 +205,12 @@ class StreamedImages(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def identity(self) -> str:
+        """Which images these are, as a resume checks it: their count and a digest of their names and labels (a
+        file added to or deleted from a streamed folder changes every later batch)."""
+        digest = hashlib.sha256(json.dumps([self.names, self.labels.tolist()]).encode()).hexdigest()[:16]
+        return f"{len(self)} images, {digest}"
 
     @property
     def skipped_in_training(self) -> int:

@@ -46,6 +46,10 @@ class NaFlexBatch:
     def __len__(self) -> int:
         return self.valid.shape[0]
 
+    def __getitem__(self, index: slice) -> "NaFlexBatch":
+        """The images ``index`` (a slice) selects, as a batch of their own."""
+        return NaFlexBatch(self.patches[index], self.coords[index], self.valid[index])
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "NaFlexBatch":
         return NaFlexBatch(*(t.to(device, non_blocking=non_blocking) for t in (self.patches, self.coords, self.valid)))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 import uuid
 from datetime import timedelta
@@ -64,6 +65,7 @@ def launch(nproc: int, argv: list[str], device: str = "auto") -> int:
     that they fit; returns the first failed process's exit code (0 when all succeed). Each process says its own
     error in one line, so the launcher's report of the failure (a Python traceback) is not printed."""
     # torch's elastic launcher, imported only by the command that starts processes (start-up time)
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # start-up time
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # start-up time
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # start-up time
 
@@ -74,8 +76,20 @@ def launch(nproc: int, argv: list[str], device: str = "auto") -> int:
     level, quiet.level = quiet.level, logging.CRITICAL  # its INFO/WARNING/ERROR lines: the processes speak
     try:
         elastic_launch(config, sys.executable)("-m", "vitkit", *argv)
+    except SignalException as e:  # Ctrl-C or SIGTERM: the processes got it too, and say what they do about it
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
-        return next((f.exitcode for f in e.failures.values() if f.exitcode), 1)
+        failed = sorted(((rank, f) for rank, f in e.failures.items() if f.exitcode), key=lambda rf: rf[0])
+        for rank, f in failed:
+            if f.exitcode < 0:  # killed by a signal: the process could not say why itself (it exited 247 silently)
+                sig = -f.exitcode
+                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+                print(f"vitkit train: process {rank} of {nproc} was killed by {name}"
+                      + (" (out of memory? the kernel's killer sends it)" if sig == signal.SIGKILL else "")
+                      + "; the others were stopped. The last checkpoint is the run folder's last/ (--resume auto "
+                      "continues from it)", file=sys.stderr)
+        code = next((f.exitcode for _, f in failed), 1)
+        return 128 - code if code < 0 else code  # a signal's exit status, as a shell reports it (137: SIGKILL)
     finally:
         quiet.level = level
     return 0

@@ -86,6 +86,10 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
     cores = usable_cores()
     if device is not None and device.type != "cpu":
         return torch.get_num_threads(), f"threads: {torch.get_num_threads()} (the model runs on {device})"
+    if requested is not None and requested > cores:
+        torch.set_num_threads(cores)
+        return cores, (f"threads: {cores} of {cores} cores (--threads {requested} is more than the cores this process "
+                       "may use: OpenMP threads beyond them wait for each other at every operator)")
     if requested is not None:
         torch.set_num_threads(requested)
         return requested, f"threads: {requested} of {cores} cores (--threads)"

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data.images import BadImageError, open_image
+from ..data.images import MAX_PIXELS, BadImageError, open_image
 from ..data.preprocess import decode_side, images_to_tensor, model_view
 from ..inspect.analysis import rollout_from_attentions
 from ..inspect.explain import CLASS_SPECIFIC, METHODS, explain, resolve_target
@@ -35,7 +35,7 @@ class UploadError(ValueError):
 @dataclass
 class Limits:
     max_bytes: int = 10 * 1024 * 1024
-    max_pixels: int = 40_000_000  # a 40-megapixel photo decodes; a decompression bomb does not
+    max_pixels: int = MAX_PIXELS  # a 40-megapixel photo decodes; a decompression bomb does not
     body_timeout_s: float = 30.0  # the whole upload must arrive within this
     first_byte_timeout_s: float = 5.0  # ... and its first bytes within this: headers and no body do not hold a slot
     header_timeout_s: float = 10.0  # a request's headers complete within this of the connection (or the previous
@@ -161,6 +161,9 @@ class Predictor:
             return out
         x = images_to_tensor([im for _, im, _ in images], self.pre, self.model.config)
         logits, attns = self.fast.forward_attention(x)
+        if self.pre.get("naflex_max_tokens"):  # trained on NaFlex batches: predicted as it trained, and as `vitkit
+            # predict` predicts (the overlay is the fixed-size pass's attention)
+            logits = self.fast(images_to_tensor([im for _, im, _ in images], self.pre, self.model.config, naflex=True))
         probs = torch.softmax(logits.float(), -1)
         top = probs.topk(min(topk, probs.shape[-1]))
         grid = self.model.patch_embed.grid_for(tuple(x.shape[-2:]))

@@ -17,6 +17,7 @@ from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer, set_attention
 from ..runtime.compile import compile_for_training
+from ..runtime.memory import available_memory
 from .config import TrainConfig
 
 
@@ -29,16 +30,41 @@ def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> Da
     return for_run(cfg, data)
 
 
-def for_run(cfg: TrainConfig, data: DataSplits) -> DataSplits:
+def for_run(cfg: TrainConfig, data: DataSplits, say: Callable[[str], None] | None = None) -> DataSplits:
     """``data`` as the run reads it: with ``--naflex``, both splits as NaFlex batches (data/naflex.py) of the model's
     patch, at most ``max_tokens`` patches an image (the model's own grid's count unless given)."""
     if not cfg.naflex or isinstance(data.train, NaFlexImages):
         return data
     c = model_config(cfg, data)
-    if c.hybrid:
+    if c.hybrid:  # (a recipe's stem is said where the recipe is read: sources.py)
         raise ValueError(f"--naflex: {cfg.model} has a CNN stem (hybrid={c.hybrid!r}), whose patches are cut from its "
-                         "feature map, not the image: NaFlex needs a plain ViT")
-    return as_naflex(data, c.patch_size, cfg.max_tokens or c.grid_size[0] * c.grid_size[1])
+                         "feature map, not the image: NaFlex needs a plain ViT (--hybrid none, or a --model without a "
+                         "stem)")
+    grid = c.grid_size[0] * c.grid_size[1]
+    tokens = cfg.max_tokens or grid
+    check_naflex_budget(tokens, grid, c, say)
+    return as_naflex(data, c.patch_size, tokens)
+
+
+NAFLEX_FAR_ABOVE = 4  # a budget this many times the model's own grid: said (its position embeddings are resampled
+# far beyond what they were trained at, and every step costs the square of the tokens in attention)
+
+
+def check_naflex_budget(tokens: int, grid: int, c: ViTConfig, say: Callable[[str], None] | None) -> None:
+    """Refuse a ``--max-tokens`` whose attention alone cannot fit in the memory this process may use (one image's
+    scores, probabilities and their gradient in each head: 100,000 tokens are 120 GB a head), and say one far above
+    the model's grid."""
+    memory = available_memory()
+    one_image = 3 * c.num_heads * tokens ** 2 * 4  # fp32 scores, probabilities, their gradient: (heads, L, L) each
+    if memory is not None and one_image > memory.available:
+        raise ValueError(f"--max-tokens {tokens:,}: one image's attention alone takes {one_image / 2**30:,.1f} GiB "
+                         f"({c.num_heads} heads x {tokens:,}^2 scores, probabilities and their gradient), and this "
+                         f"process may use {memory.describe()}; the model's own grid is {grid} patches: a budget "
+                         "near it, or a few times it, trains")
+    if tokens > NAFLEX_FAR_ABOVE * grid and say is not None:
+        say(f"--max-tokens {tokens:,} is {tokens / grid:.0f} times the model's own grid ({grid} patches): its position "
+            "embeddings are resampled far beyond their size, and each step's attention costs the square of the "
+            "tokens")
 
 
 def model_config(cfg: TrainConfig, data: DataSplits) -> ViTConfig:

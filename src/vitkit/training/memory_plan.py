@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 
 from ..data.stream import PREFETCH
 from ..model.config import ViTConfig
+from ..model.naflex import NaFlexBatch
 from ..model.vit import VisionTransformer, set_attention
 from ..runtime.memory import Memory, available_memory, peak_bytes, release_free_memory
 from ..runtime.precision import autocast_for
@@ -247,8 +249,16 @@ def worker_bytes(probe: StepProbe, batch: int) -> int:
     """One DataLoader worker: its own pages and its batches in flight, ``PREFETCH`` of them at ``batch``, each held
     three times (collated in the worker, in shared memory, and the training process's copy): an evaluation worker
     at batch 238 grew to 119 MiB."""
-    _, c, h, w = probe.x.shape
-    return WORKER_BYTES + 3 * PREFETCH * batch * c * h * w  # uint8 images
+    return WORKER_BYTES + 3 * PREFETCH * batch * _image_bytes(probe.x)
+
+
+def _image_bytes(x: Any) -> int:
+    """One image of the batch ``x`` as decoded (uint8): (C, H, W) pixels, or a NaFlex image's patches and their
+    coordinates and mask."""
+    if isinstance(x, NaFlexBatch):
+        _, length, dim = x.patches.shape
+        return length * (dim + 2 * x.coords.element_size() + 1)
+    return int(math.prod(x.shape[1:]))
 
 
 def check_weights_fit(cfg: TrainConfig, config: ViTConfig, memory: Memory | None = None) -> None:
@@ -294,6 +304,8 @@ def _describe(m: StepMemory) -> str:
 
 
 def _size(probe: StepProbe) -> str:
+    if isinstance(probe.x, NaFlexBatch):
+        return f"{probe.x.patches.shape[1]} patches an image"
     h, w = probe.x.shape[-2:]
     return f"{h}x{w}"
 

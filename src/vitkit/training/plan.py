@@ -118,7 +118,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         threads_note = choose_threads(lambda: None, cfg.threads, device=device)[1]
     else:
         threads_note = ""  # measured on the chosen step, below
-    data = for_run(cfg, data or build_data(cfg))
+    data = for_run(cfg, data or build_data(cfg), log if rank == 0 else None)
     if len(data.classes) < 2:  # one class trains to "100%" and predicts it for everything
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")

@@ -102,6 +102,12 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                     "changes (--hflip to flip anyway)")
         if {**file_cfg, **given}.get("naflex"):
             _without_fixed_size_augmentation(merged, {**file_cfg, **given}, say)
+            stem = merged.get("model_args", {}).get("hybrid")
+            if stem and "hybrid" not in {**file_cfg.get("model_args", {}), **src.model_args}:
+                raise ValueError(f"--naflex: configs/{name}.yaml, the recipe for these images, gives "
+                                 f"{merged.get('model')} a CNN stem (hybrid={stem!r}), whose patches are cut from its "
+                                 "feature map, not the image: NaFlex needs a plain ViT: --hybrid none with a "
+                                 "--patch-size for the pixels, or a --model of your own")
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
     merged.setdefault("cache_dir", default_cache_dir())
@@ -160,13 +166,13 @@ def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model:
     def same(a: Any, b: Any) -> bool:
         return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
 
-    def same_path(a: Any, b: Any) -> bool:  # data/ and ./data/ are one folder
-        return b is not None and Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
-
     changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
                if k in users and users[k] != saved.get(k)]
-    if users.get("data_dir") is not None and not same_path(users["data_dir"], saved.get("data_dir")):
-        changed.append(f"data_dir {saved.get('data_dir')!r} -> {users['data_dir']!r}")
+    # another --data-dir is the run's data moved (the trainer checks its classes are the run's: its head's)
+    if users.get("data_dir") is None and saved.get("data_dir") and not Path(saved["data_dir"]).expanduser().exists():
+        raise FileNotFoundError(f"--resume {run}: the run's data, {saved['data_dir']}, is not there any more; if it "
+                                "moved, give --data-dir where it is now (the same classes: the run's head is "
+                                "theirs)")
 
     changed += [f"{k} {saved.get('model_args', {}).get(k)!r} -> {v!r}" for k, v in users_model.items()
                 if not same(v, saved.get("model_args", {}).get(k))]

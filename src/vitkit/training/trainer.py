@@ -97,6 +97,7 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -1.0, 0.0
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
+        self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
         self.out = Path(cfg.output) if cfg.output else None
         if cfg.resume:
             self._resume(Path(cfg.resume))
@@ -129,7 +130,7 @@ class Trainer:
                 "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
-                "elapsed_s": self.elapsed(), "world": self.world}
+                "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity()}
 
     def _resume(self, run_dir: Path) -> None:
         recover_run(run_dir)
@@ -155,8 +156,25 @@ class Trainer:
         if s.get("world", 1) != self.world and self.batch_in_epoch:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
             self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
+        self._check_same_images(s.get("train_images"))
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
+
+    def _check_same_images(self, saved: str | None) -> None:
+        """Training images added or deleted since the run stopped (a streamed folder is read again, not cached):
+        the sampler's order and the epoch's length are another, so a stop mid-epoch is not continued at its batch
+        (it went on at "step 30/120" of an order that was never the run's). The epoch is counted as ended and the run
+        goes on from the next one on the new images, its schedule kept in epochs."""
+        now = self.data.train.identity()
+        if saved is None or saved == now:
+            return
+        self.log(f"the training images changed since the run stopped ({saved} -> {now}): "
+                 + (f"epoch {self.epoch + 1} is counted as ended at batch {self.batch_in_epoch}; " if self.batch_in_epoch
+                    else "") + "the run goes on from the next epoch's start on the new images")
+        if self.batch_in_epoch:
+            self.epoch, self.batch_in_epoch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
+        if not self.budget:  # the epochs left, at the new epoch's length (a budget re-plans by itself)
+            self.total_steps = self.step + max(0, self.cfg.epochs - self.epoch) * self.steps_per_epoch
 
     def elapsed(self) -> float:
         return self.prior_elapsed + time.time() - self.start_time
@@ -198,8 +216,9 @@ class Trainer:
                      self.device)
         bar = tqdm(total=self.steps_per_epoch * cfg.grad_accum - self.batch_in_epoch, desc=f"epoch {self.epoch + 1}",
                    leave=False, mininterval=1.0, dynamic_ncols=True, disable=not self.progress)
-        seen, t0 = 0, time.time()
         release_free_memory()  # (after an evaluation: its freed heap goes back before the steps allocate theirs)
+        seen, t0 = 0, time.time()
+        t_batch = t0
         for x, y in it:
             if self.step >= self.total_steps:
                 break
@@ -215,6 +234,7 @@ class Trainer:
                 self._optimizer_step()
             seen += len(y)
             self.epoch_loss = [self.epoch_loss[0] + lv * len(y), self.epoch_loss[1] + len(y)]
+            self.batch_seconds, t_batch = time.time() - t_batch, time.time()
             bar.update(1)
             bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
