@@ -13,7 +13,7 @@ import torch
 
 import vitkit
 from vitkit.bench.timing import round_robin_times
-from vitkit.inspect.explain import METHODS, explain
+from vitkit.inspect.explanations import METHODS, explain
 from vitkit.model.config import to_2tuple
 from vitkit.runtime.cpu import machine_name
 

@@ -48,7 +48,9 @@ def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130():
     import time
 
     p = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--epochs", "1", "--output", "/nonexistent/x"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a test worker's
+    # processes may start with SIGINT ignored, as pytest-xdist's do: a shell's start with it on)
     time.sleep(0.4)  # past the interpreter's start, inside the command's imports (torch takes ~2 s)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)

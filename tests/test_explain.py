@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit.cli.main import main
-from vitkit.inspect.explain import METHODS, explain, faithfulness
+from vitkit.inspect.explanations import METHODS, explain, faithfulness
 
 from conftest import tiny_config
 

@@ -274,7 +274,8 @@ def test_ctrl_c_in_a_streamed_multi_process_run_is_said_once(tmp_path):
             "--nproc-per-node", "2", "--device", "cpu", "--epochs", "200", "-b", "8", *TINY,
             "--cache-dir", str(tmp_path / "c"), "--output", str(tmp_path / "r")]
     p = subprocess.Popen([sys.executable, "-m", "vitkit", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (as a shell starts it)
     for line in p.stdout:
         if line.startswith("epoch 1:"):
             break

@@ -294,7 +294,7 @@ def test_explain_names_every_figure_apart_and_overwrites_nothing(run_dir, tmp_pa
 
 def test_faithfulness_steps_are_bounded_by_the_patch_count():
     """--steps 1000000 on a 16-patch model ran for minutes."""
-    from vitkit.inspect.explain import faithfulness
+    from vitkit.inspect.explanations import faithfulness
 
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=1, num_classes=3).eval()
     t = time.perf_counter()

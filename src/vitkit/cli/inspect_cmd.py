@@ -182,7 +182,7 @@ def explain(args: argparse.Namespace) -> int:
 
     from ..data.preprocess import image_files, images_to_tensor, load_images, naflex_note, preprocessing_of
     from ..inspect import plots
-    from ..inspect.explain import METHODS, check_method, class_names_of, explain, faithfulness, resolve_target
+    from ..inspect.explanations import METHODS, check_method, class_names_of, explain, faithfulness, resolve_target
 
     methods = list(METHODS) if args.method == "all" else [check_method(m.strip()) for m in args.method.split(",")]
     if args.keep_aspect:  # the aspect ratio of the one image explained

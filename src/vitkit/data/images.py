@@ -43,14 +43,15 @@ def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = M
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
         img.seek(0)
+        stored = img.size  # (W, H) as stored, before a reduced-scale decode
         rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientations that swap width and height
         full = (img.width, img.height) if rotated else (img.height, img.width)
         box = fit_within(full, max_side) if max_side else None
         if box is not None and img.format == "JPEG":
             img.draft(img.mode, (box[0], box[1]) if rotated else (box[1], box[0]))  # (W, H) as stored
         if max_pixels is not None and img.width * img.height > max_pixels:  # (as it will decode: after the draft)
-            raise BadImageError(path, f"{full[1]}x{full[0]} = {full[0] * full[1]:,} pixels, more than the limit of "
-                                      f"{max_pixels:,} an image may decode to")
+            raise BadImageError(path, f"{stored[0]}x{stored[1]} = {stored[0] * stored[1]:,} pixels, more than the "
+                                      f"limit of {max_pixels:,} an image may decode to")
         img.load()
         img = ImageOps.exif_transpose(img)
         if box is not None and (img.height, img.width) != box:

@@ -10,5 +10,6 @@ CLASS_SPECIFIC = ("grad-rollout", "gradcam")  # the methods whose map depends on
 __all__ = ["attention_maps", "attention_rollout", "mean_attention_distance", "pos_embed_similarity",
            "patch_embed_filters", "pixel_filters", "filter_components", "rollout_from_attentions",
            "mean_distance_from_attentions", "explain", "faithfulness", "Explanation", "Faithfulness", "METHODS"]
+# (explain() lives in explanations.py: a module named explain would take the function's name in this package)
 __getattr__, __dir__ = lazy_exports(__name__, {**{n: ".analysis" for n in __all__[:9]},
-                                               **{n: ".explain" for n in __all__[9:13]}}, globals())
+                                               **{n: ".explanations" for n in __all__[9:13]}}, globals())

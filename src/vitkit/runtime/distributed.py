@@ -79,16 +79,15 @@ def launch(nproc: int, argv: list[str], device: str = "auto") -> int:
     except SignalException as e:  # Ctrl-C or SIGTERM: the processes got it too, and say what they do about it
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        failed = sorted(((rank, f) for rank, f in e.failures.items() if f.exitcode), key=lambda rf: rf[0])
-        for rank, f in failed:
-            if f.exitcode < 0:  # killed by a signal: the process could not say why itself (it exited 247 silently)
-                sig = -f.exitcode
-                name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-                print(f"vitkit train: process {rank} of {nproc} was killed by {name}"
-                      + (" (out of memory? the kernel's killer sends it)" if sig == signal.SIGKILL else "")
-                      + "; the others were stopped. The last checkpoint is the run folder's last/ (--resume auto "
-                      "continues from it)", file=sys.stderr)
-        code = next((f.exitcode for _, f in failed), 1)
+        rank, first = e.get_first_failure()  # the others were stopped because of it
+        code = first.exitcode or 1
+        if code < 0:  # killed by a signal: the process could not say why itself (the run exited 247 silently)
+            sig = -code
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            print(f"vitkit train: process {rank} of {nproc} was killed by {name}"
+                  + (" (out of memory? the kernel's killer sends it)" if sig == signal.SIGKILL else "")
+                  + "; the others were stopped. The last checkpoint is the run folder's last/ (--resume auto "
+                  "continues from it)", file=sys.stderr)
         return 128 - code if code < 0 else code  # a signal's exit status, as a shell reports it (137: SIGKILL)
     finally:
         quiet.level = level

@@ -16,7 +16,7 @@ from PIL import Image
 from ..data.images import MAX_PIXELS, BadImageError, open_image
 from ..data.preprocess import decode_side, images_to_tensor, model_view
 from ..inspect.analysis import rollout_from_attentions
-from ..inspect.explain import CLASS_SPECIFIC, METHODS, explain, resolve_target
+from ..inspect.explanations import CLASS_SPECIFIC, METHODS, explain, resolve_target
 from ..model.config import to_2tuple
 from ..runtime.inference import optimize_for_inference
 from ..runtime.threads import choose_threads, usable_cores
@@ -49,7 +49,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Ask:
-    """What the overlay of an upload explains: ``method`` (one of ``vitkit.inspect.explain.METHODS``) for class
+    """What the overlay of an upload explains: ``method`` (one of ``vitkit.inspect.METHODS``) for class
     ``target`` (an index; None: the predicted class)."""
     method: str = "rollout"
     target: int | None = None
