@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,13 +74,26 @@ def process_start_time() -> float:
 def main(argv: list[str] | None = None) -> int:
     # the `vitkit` command itself (no argv) is the whole process; a call from Python starts its clock now
     started = process_start_time() if argv is None else time.time()
+    interrupted: list[bool] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:  # (not where SIGINT is ignored: nohup)
+        def on_interrupt(signum: int, frame: object) -> None:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, on_interrupt)
     try:
         return _main(argv, started)
-    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (importing, planning, decoding, calibrate, ...)
+    except BaseException as e:  # noqa: BLE001 - an interrupted import fails in other ways (numpy's: AttributeError)
+        if not (isinstance(e, KeyboardInterrupt) or interrupted):
+            raise
+        # Ctrl-C outside training's own handler (importing, planning, decoding, calibrate, ...)
         command = command_of(sys.argv[1:] if argv is None else argv)
         print(f"\n{' '.join(filter(None, ('vitkit', command)))}: interrupted (nothing half-written: files and caches "
               "are written whole or not at all)", file=sys.stderr)
         return 130
+    finally:
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _main(argv: list[str] | None, started: float) -> int:
