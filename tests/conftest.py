@@ -43,18 +43,28 @@ def tiny_config(**kw):
     return ViTConfig(**{**base, **kw})
 
 
-# The longest tests (each a minute or more on one core), longest first: handed out one at a time from the front of
-# the queue (--maxschedchunk 1 in pyproject.toml), the two workers finish together instead of one of them running
-# the tutorials alone at the end.
-LONG_FIRST = ("test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
+# The longest tests, longest first, handed out one at a time from the front of the queue (--maxschedchunk 1 in
+# pyproject.toml) so that the two workers finish together instead of one of them running a long test alone at the
+# end: those of the default run, then the long ones (-m long, which .ci/run runs after it). A new test of half a
+# minute or more goes on this list.
+LONG_FIRST = ("test_optimize_for_inference_with_compile_runs_and_agrees",
+              "test_real_browser_uploads_and_sees_prediction_and_overlay",
+              "test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_edition",
+              "test_a_downloaded_notebook_runs_top_to_bottom",
+              "test_workers_are_capped_and_a_stop_that_cannot_end_its_step_exits_within_seconds",
+              # -m long
+              "test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
               "test_tutorial_runs_and_shows_what_it_prints[train-in-minutes]",
+              "test_tutorial_runs_and_shows_what_it_prints[backbone]",
               "test_tutorial_runs_and_shows_what_it_prints[export-serve-scale]",
-              "test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line",
               "test_tutorial_runs_and_shows_what_it_prints[look-inside]",
-              "test_finetune_recipe_end_to_end_on_ants_bees",
-              "test_fine_tune_and_linear_probe_from_dinov2_features",
+              "test_under_a_real_container_limit_the_recipe_streams_plans_its_memory_and_trains",
+              "test_ctrl_c_in_a_streamed_multi_process_run_is_said_once",
+              "test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line",
               "test_tutorial_runs_and_shows_what_it_prints[why-did-it-say-that]",
-              "test_tutorial_runs_and_shows_what_it_prints[why-vits-need-data]")
+              "test_fine_tune_and_linear_probe_from_dinov2_features",
+              "test_tutorial_runs_and_shows_what_it_prints[why-vits-need-data]",
+              "test_finetune_recipe_end_to_end_on_ants_bees")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -264,6 +264,7 @@ ANTS_BEES = next((p for p in (Path(__file__).resolve().parents[2] / "shared/data
                               Path("/work/shared/data/ants-bees.zip")) if p.is_file()), None)
 
 
+@pytest.mark.long
 @pytest.mark.skipif(ANTS_BEES is None, reason="../shared/data/ants-bees.zip is not here")
 def test_fine_tune_and_linear_probe_from_dinov2_features(tmp_path):
     """A features model (no head: DINOv2 with registers, timm's own save in a Hub cache) gets a new head for the

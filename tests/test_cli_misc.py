@@ -171,6 +171,7 @@ def test_bench_cli_default_rates_vitkits_chosen_dtype_against_that_dtypes_ceilin
     assert "[1/1] inference vit_tiny_patch16_224 batch 1 auto" in said
     assert main(["bench", "--dtypes", "fp16", "--no-train"]) == 2
 
+@pytest.mark.long
 def test_bench_time_to_accuracy_runs_the_readme_command_cold_and_reports_its_final_line(tmp_path, monkeypatch,
                                                                                           capsys):
     import json

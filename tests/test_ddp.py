@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -22,6 +23,7 @@ def torchrun(args, nproc=2, max_restarts=0, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.long
 def test_two_ranks_end_identical_and_match_one_process_with_the_global_batch(tmp_path):
     # SGD: its update is linear in the gradient, so float summation order stays at float noise (AdamW's
     # normalised step turns the sign of a near-zero gradient into a full lr-sized difference)
@@ -51,6 +53,7 @@ def test_two_ranks_end_identical_and_match_one_process_with_the_global_batch(tmp
     assert (tmp_path / "run" / "last" / "train_state.pt").is_file()
 
 
+@pytest.mark.long
 def test_a_killed_rank_is_restarted_and_training_resumes_from_last(tmp_path):
     out = tmp_path / "run"
     r = torchrun(["--die-at", "30:1", "--", "train", *COMMON, "-b", "32", "--output", str(out)], max_restarts=1)
@@ -62,6 +65,7 @@ def test_a_killed_rank_is_restarted_and_training_resumes_from_last(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.long
 def test_nan_on_one_rank_stops_both_without_hanging(tmp_path):
     r = torchrun(["--nan-at", "5:1", "--", "train", *COMMON, "-b", "32", "--output", str(tmp_path / "run")],
                  timeout=180)
@@ -97,6 +101,7 @@ def test_more_ranks_than_gpus_is_one_line_before_any_process_group(monkeypatch, 
     assert distributed_device("auto") == torch.device("cuda", 1)  # its own GPU, by local rank
 
 
+@pytest.mark.long
 def test_two_ranks_streaming_a_folder_each_read_their_part_and_train_what_one_process_trains(tmp_path):
     """Issue 50: under torchrun each rank streams its own part of every epoch (no image twice, none missed): the
     averaged gradient is then one process's at the global batch, and the weights match it."""

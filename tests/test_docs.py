@@ -171,6 +171,7 @@ def hub_stand_in(page: Path, folder: Path) -> None:
     _hub_cache(folder, HUB_WEIGHTS[page.name])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("page", TUTORIALS, ids=[p.name.removesuffix(".md") for p in TUTORIALS])
 def test_tutorial_runs_and_shows_what_it_prints(page: Path, tmp_path: Path) -> None:
     """The page and its translations, which run the same code (checked below): one run checks what each shows."""

@@ -266,6 +266,7 @@ sys.exit(main({["train", "--dataset", "folder", "--data-dir", str(root), "--data
     assert "finishing this step" in err and "Traceback" not in err
 
 
+@pytest.mark.long
 def test_ctrl_c_in_a_streamed_multi_process_run_is_said_once(tmp_path):
     """Each process of a streamed --nproc-per-node 2 run said "saving last/" (each gets a terminal's Ctrl-C), and
     the DataLoader workers are forked with the handler too."""

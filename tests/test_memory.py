@@ -209,6 +209,7 @@ def photos(tmp_path_factory):
     return root
 
 
+@pytest.mark.long
 def test_under_a_real_container_limit_the_recipe_streams_plans_its_memory_and_trains(photos, tmp_path, cgroup_of):
     """Issue 58: a folder too large for a 1.5 GiB container was streamed, and then the recipe's model (ViT-Ti/8 at
     64 px, batch 64) was killed by the kernel while the planner timed it (exit 137, no word); ``--data-mode memory``
@@ -227,6 +228,7 @@ def test_under_a_real_container_limit_the_recipe_streams_plans_its_memory_and_tr
     print(f"peak {peak / 2**20:.0f} MiB under the 1.5 GiB limit")
 
 
+@pytest.mark.long
 def test_under_a_real_container_limit_a_model_that_cannot_fit_is_refused_before_the_kernel_kills_it(
         tmp_path, cgroup_of):
     """ViT-L (303M parameters: 5.7 GiB of weights, gradients and AdamW state) in 1.5 GiB: exit 2 and one line, before

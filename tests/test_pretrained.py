@@ -301,6 +301,7 @@ def test_every_entry_names_an_existing_architecture():
     assert json.dumps([e.preprocessing() for e in ENTRIES])  # plain values: they go into config.json
 
 
+@pytest.mark.long
 @pytest.mark.skipif(ANTS_BEES is None, reason="../shared/data/ants-bees.zip is not here")
 def test_finetune_recipe_end_to_end_on_ants_bees(tmp_path):
     """A locally made "pretrained" ViT-Ti (timm's own save, in a Hub cache) fine-tuned on the real photos."""

@@ -361,6 +361,7 @@ def test_nproc_per_node_refuses_more_processes_than_gpus_before_starting_any(mon
     assert distributed.check_ranks_fit(2, "cpu") is False  # CPU processes (gloo): allowed
 
 
+@pytest.mark.long
 def test_nproc_per_node_trains_on_two_processes_and_prints_only_vitkits_lines(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "vitkit", "train", "--nproc-per-node", "2", "--epochs", "1", *TINY,
