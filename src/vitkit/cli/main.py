@@ -13,6 +13,7 @@ from .. import __version__
 
 COMMANDS = {
     "train": ("train", "train or fine-tune a ViT"),
+    "pretrain": ("pretrain", "learn from images alone, no labels: the paper's masked patch prediction (§4.6) or MAE"),
     "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix"),
     "predict": ("predict", "top-k classes for image files"),
     "summary": ("summary", "layer table and parameters (torchinfo), forward GFLOP per image"),

@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
                       log=lambda s: print(s, flush=True), plan_=the_plan)
+    final = trainer.objective.final  # the final line's measure: top-1, or a self-supervised objective's own
     received: list[float] = []  # when the stop was asked
     signals: list[int] = []
     timers: list[threading.Timer] = []
@@ -277,5 +278,5 @@ def run(args: argparse.Namespace) -> int:
     if result.stopped_early:
         return 128 + (signals[0] if signals else signal.SIGTERM)
     if rank == 0:
-        print(f"final: val_top1={result.val_top1:.2f} epochs={result.epochs} elapsed_s={result.elapsed_s:.1f}")
+        print(f"final: {final(result.val_top1)} epochs={result.epochs} elapsed_s={result.elapsed_s:.1f}")
     return 0

@@ -137,10 +137,11 @@ def load_fake_splits(n: int = 256, img_size: int = 16, channels: int = 3, num_cl
 def load_dataset(name: str, data_dir: str | None = None, download: bool = False, skip_bad_images: bool = False,
                  cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
                  crop: dict[str, Any] | None = None, mode: str = "auto",
-                 say: Callable[[str], None] | None = None) -> DataSplits:
+                 say: Callable[[str], None] | None = None, unlabeled: bool = False) -> DataSplits:
     """One entry point for every dataset name in :data:`DATASETS` (``crop``: a folder's images resized and cropped
     as pretrained weights expect them, ``images.crop_spec``; ``mode``: a folder in memory or streamed, or ``auto``,
-    folder.load_folder_splits, which ``say``s what it chose)."""
+    folder.load_folder_splits, which ``say``s what it chose; ``unlabeled``: self-supervision reads a folder without
+    splits or classes too)."""
     if name == "digits":
         return load_digits_splits(cache_dir=cache_dir)
     if name in ("mnist", "fashion-mnist"):
@@ -152,7 +153,7 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
             raise ValueError("--dataset folder needs --data-dir DIR (a folder or .zip with train/<class>/* and "
                              "val/<class>/* or test/<class>/*)")
         return load_folder_splits(data_dir, skip_bad_images, cache_dir=cache_dir, progress=progress,
-                                  max_side=max_side, crop=crop, mode=mode, say=say)
+                                  max_side=max_side, crop=crop, mode=mode, say=say, unlabeled=unlabeled)
     if name == "shards":
         if not data_dir:
             raise ValueError("--dataset shards needs --data-dir DIR (WebDataset shards train-*.tar and val-*.tar, "

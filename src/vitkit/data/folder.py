@@ -43,11 +43,14 @@ class _Source:
         self.names: dict[str, str] = {}  # as split below (a zip written on Windows has backslashes) -> as stored
         roots: dict[str, set[str]] = {}  # the folder holding train/ val/ test/ -> the splits found there
         entries = []
+        self.loose: list[tuple[str, str]] = []  # every image file, (name, stored), for a folder read without labels
         for stored in sorted(names):
             n = stored.replace("\\", "/")
             parts = Path(n).parts
             if any(is_junk(p) for p in parts):
                 continue
+            if Path(n).suffix.lower() in IMAGE_EXTENSIONS and (self.zip is not None or _regular_file(path / n)):
+                self.loose.append((n, stored))
             i = next((i for i, p in enumerate(parts[:-1]) if p in ("train", "val", "test")), None)
             if i is None:
                 continue
@@ -207,10 +210,18 @@ def check_fits_in_memory(path: str, images: int, hw: tuple[int, int], channels: 
                          "give the process more memory")
 
 
-def folder_items(path: str) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
+UNLABELED_VAL = 20  # a folder without splits, read for self-supervision: every 20th image (5%) is held out
+UNLABELED_VAL_MAX = 2000  # ... at most this many (the validation loss of an objective, not a test of a classifier)
+
+
+def folder_items(path: str, unlabeled: bool = False) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
     """A folder's (or zip's) layout checked: the source, its classes, and split -> [(stored name, class index)]
-    (train first, then val/ or test/)."""
+    (train first, then val/ or test/). ``unlabeled`` (self-supervision, which reads no label): a folder without
+    train/ is every image in it, at any depth, one class "images", every ``UNLABELED_VAL``-th held out (a
+    folder with train/ is read as always, its labels unread)."""
     src = _Source(Path(path))
+    if unlabeled and "train" not in src.dirs:
+        return unlabeled_items(src, path)
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
                                 f"{sorted(src.dirs) or 'none'}" + (f" under {src.root}/" if src.root else ""))
@@ -232,17 +243,33 @@ def folder_items(path: str) -> tuple[_Source, list[str], dict[str, list[tuple[st
     return src, classes, items
 
 
+def unlabeled_items(src: _Source, path: str) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
+    """A folder of images without splits or classes: every image, in name order, as the class "images"; every
+    ``UNLABELED_VAL``-th of them (at most ``UNLABELED_VAL_MAX``) the validation split."""
+    if not src.loose:
+        raise ValueError(f"{path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in it or below it")
+    if len(src.loose) < 2:
+        raise ValueError(f"{path}: one image; self-supervised training needs a few to learn from and one to hold out")
+    val = {i for i in range(0, len(src.loose), UNLABELED_VAL)}
+    val = set(sorted(val)[:UNLABELED_VAL_MAX])
+    src.files = {"train": {"images": [n for i, (n, _) in enumerate(src.loose) if i not in val]},
+                 "val": {"images": [n for i, (n, _) in enumerate(src.loose) if i in val]}}
+    src.names = dict(src.loose)
+    items = {s: [(src.names[n], 0) for n in src.files[s]["images"]] for s in ("train", "val")}
+    return src, ["images"], items
+
+
 def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                        cache_dir: str | None = None, progress: Callable | None = None,
                        max_side: int = 128, crop: dict[str, Any] | None = None, mode: str = "auto",
-                       say: Callable[[str], None] | None = None) -> DataSplits:
+                       say: Callable[[str], None] | None = None, unlabeled: bool = False) -> DataSplits:
     """An ImageFolder tree (or a zip of one) as uint8 images all at one size (``size``, else the most common size,
     scaled down to at most ``max_side`` pixels): decoded into memory (cached under ``cache_dir`` by fingerprint), or
     streamed from the files (``mode``: ``auto`` streams what would not fit in the memory this process may use).
 
     ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) prepares every image as predict and
     serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
-    src, classes, items = folder_items(path)
+    src, classes, items = folder_items(path, unlabeled)
     return load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
                        progress, max_side, crop, mode, say)
 

@@ -104,7 +104,8 @@ class DataSplits:
     def describe(self) -> str:
         h, w = self.img_size
         return (f"{self.name}: {len(self.train)} train / {len(self.val)} val images, {h}x{w}x{self.in_chans}, "
-                f"{self.num_classes} classes" + (f", {self.skipped} bad images skipped" if self.skipped else "")
+                + (f"{self.num_classes} classes" if self.num_classes != 1 else "one class") +
+                (f", {self.skipped} bad images skipped" if self.skipped else "")
                 + (f", {self.how}" if self.how else ""))
 
 

@@ -368,18 +368,26 @@ class VisionTransformer(Backbone, nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos. With a distillation token and registers the
-        sequence is [x_class; x_dist; x_reg^1..R; patches]; with ``no_embed_class`` E_pos is added to the patches
-        before those tokens join."""
+        sequence is [x_class; x_dist; x_reg^1..R; patches]; with ``no_embed_class`` the prefix tokens get no E_pos."""
         grid = self._check_input(x)
-        x = self.patch_embed(x)  # (B, N, D)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()]
+        return self.embed_patches(self.patch_embed(x), grid)
+
+    def embed_patches(self, x: torch.Tensor, grid: tuple[int, int], keep: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """Eq. 1 from the patch embeddings x_p E (B, N, D) of a ``grid``: each patch's E_pos added, then with
+        ``keep`` (B, K) only those patches, in that order (MAE's encoder sees the visible quarter), and the prefix
+        tokens with their own rows of E_pos before them. Self-supervision changes the patch embeddings here (the
+        paper's [mask] embedding, §4.6) before the sequence is made."""
         pos = self._pos_embed_for(grid)
-        if pos is not None and self.config.no_embed_class:
-            x = x + pos
-        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D)
-        if pos is not None and not self.config.no_embed_class:
-            x = x + pos
-        return self.pos_drop(x)
+        n = 0 if self.config.no_embed_class else self.config.pos_prefix_tokens  # E_pos rows of the prefix tokens
+        if pos is not None:
+            x = x + pos[:, n:]
+        if keep is not None:
+            x = torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, D)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()]
+        if prefix and pos is not None and n:
+            prefix = list(torch.cat(prefix, 1).add(pos[:, :n]).split([t.shape[1] for t in prefix], 1))
+        return self.pos_drop(torch.cat([*prefix, x], dim=1))  # (B, prefix + N, D)
 
     def embed_naflex(self, b: NaFlexBatch) -> torch.Tensor:
         """Eq. 1 for a NaFlex batch (model/naflex.py): the patches through E, each image's E_pos resampled to its

@@ -26,7 +26,8 @@ def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> Da
     would not fit (or ``data_mode: stream``), streamed from its files."""
     data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
                         max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args),
-                        mode="stream" if cfg.naflex else cfg.data_mode, say=say)
+                        mode="stream" if cfg.naflex else cfg.data_mode, say=say,
+                        unlabeled=cfg.objective != "classify")
     return for_run(cfg, data)
 
 
@@ -69,7 +70,9 @@ def check_naflex_budget(tokens: int, grid: int, c: ViTConfig, say: Callable[[str
 
 def model_config(cfg: TrainConfig, data: DataSplits) -> ViTConfig:
     """The preset with the data's classes and channels, at the data's own size where the preset's patches tile it."""
-    overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
+    # pre-training from the images alone: an encoder with no head (`--init` of its checkpoint adds one)
+    classes = data.num_classes if cfg.objective == "classify" else 0
+    overrides = {"num_classes": classes, "in_chans": data.in_chans, **cfg.model_args}
     if "img_size" not in cfg.model_args:  # the data's own size, where the preset's patches tile it
         preset = get_config(cfg.model)
         p = to_2tuple(preset.patch_size)[0] * preset.input_stride
@@ -108,7 +111,8 @@ def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
     if cfg.init:
         # the architecture comes from the weights; only what fine-tuning may change is taken from the config
-        overrides = {"num_classes": data.num_classes, "in_chans": data.in_chans, **cfg.model_args}
+        classes = data.num_classes if cfg.objective == "classify" else 0  # (pre-training: an encoder, no head)
+        overrides = {"num_classes": classes, "in_chans": data.in_chans, **cfg.model_args}
         model = load_init(cfg.init, **{k: v for k, v in overrides.items() if k in ADAPTABLE})
         if model.config.in_chans != data.in_chans:
             raise ValueError(f"--init {cfg.init} expects {model.config.in_chans}-channel images but {data.name} has "
@@ -125,7 +129,8 @@ def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSpli
     else:
         mean, std = data.mean_std()
     naflex = {"naflex_max_tokens": data.train.max_tokens} if isinstance(data.train, NaFlexImages) else {}
-    return {"mean": mean, "std": std, "class_names": data.classes, **naflex}
+    names = {"class_names": data.classes} if cfg.objective == "classify" else {}  # an encoder has no classes
+    return {"mean": mean, "std": std, **names, **naflex}
 
 
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
@@ -136,8 +141,9 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     if cfg.needs_plan:
         raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
     apply_layout(model, cfg.attention, cfg.channels_last)
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                    find_unused_parameters=cfg.objective != "classify")
     return compile_for_training(model, device, log) if cfg.compile else model
 
 

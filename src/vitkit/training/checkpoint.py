@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from ..model.serialization import atomic_write, save_pretrained, torch_load_safely
-from ..model.vit import VisionTransformer
+from ..model.ssl import save_ssl_parts
 
 STATE_NAME = "train_state.pt"
 
@@ -28,12 +29,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: Path, name: str, model: VisionTransformer, preprocessing: dict[str, Any],
+def save_checkpoint(run_dir: Path, name: str, model: nn.Module, preprocessing: dict[str, Any],
                     train_state: dict[str, Any] | None = None) -> Path:
+    """``model``, a ViT or a self-supervised module around one (its encoder saved as an ordinary vitkit model, the
+    objective's parts beside it), with ``preprocessing`` and the training state."""
     final, new, old = run_dir / name, run_dir / f".{name}.new", run_dir / f".{name}.old"
     shutil.rmtree(new, ignore_errors=True)
     try:
-        save_pretrained(model, new, **preprocessing)
+        encoder = getattr(model, "encoder", model)
+        save_pretrained(encoder, new, **preprocessing)
+        if encoder is not model:
+            save_ssl_parts(model, new)
         if train_state is not None:
             atomic_write(new / STATE_NAME, lambda p: torch.save(train_state, p))
         _fsync_dir(new)

@@ -24,6 +24,7 @@ TIER_KEYS = frozenset({
     "clip_grad", "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema",
     "model_ema_decay", "eval_every"})
 ATTENTIONS = ("auto", "sdpa", "exact")
+OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
 
 
 @dataclass
@@ -50,6 +51,16 @@ class TrainConfig:
     # fixed-size run of that model spends per image). Streams the files.
     naflex: bool = False
     max_tokens: int | None = None
+    # What the loss compares: classify (the labels, the paper's supervised training), or learning from the images
+    # alone (training/objectives.py, model/ssl.py): mpp (the paper's masked patch prediction, §4.6) or mae (He et
+    # al.'s masked autoencoder). Only `vitkit pretrain` sets it.
+    objective: str = "classify"
+    mask_ratio: float | None = None  # the share of patches masked: None = the method's own (MPP 0.5, MAE 0.75)
+    mpp_target: str = "mean"  # mean (the 3-bit mean colour, 512 classes) | 4x4 (16 of them) | l2 (the patch's pixels)
+    norm_pix_loss: bool = True  # MAE: each target patch standardised by its own mean and variance (He et al.)
+    decoder_width: int | None = None  # MAE's decoder; None = scaled to the encoder (model/ssl.py decoder_config)
+    decoder_depth: int | None = None
+    decoder_heads: int | None = None
     # optimisation
     epochs: int = 30
     batch_size: int = 128
@@ -59,9 +70,12 @@ class TrainConfig:
     # Off where the batch was given (a flag, a config file, a resumed run) and on other devices.
     gpu_batch: bool = True
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
+    adam_beta2: float = 0.999  # AdamW's second-moment decay (MAE pre-trains with 0.95)
+    layer_decay: float | None = None  # fine-tuning: block i's LR times decay^(depth - i), the embeddings' the least
     muon_stem: bool = False  # opt muon: Muon for the hybrid's CNN stem filters too (each an out x in*k*k matrix)
     muon_embed: bool = False  # opt muon: Muon for the patch embedding's projection E (Eq. 1) too
     lr: float = 1e-3
+    blr: float | None = None  # the learning rate per 256 images a step: lr = blr x global batch / 256 (MAE's rule)
     body_lr_scale: float = 1.0  # LR of everything but the head, relative to --lr (fine-tuning)
     min_lr: float = 1e-5
     momentum: float = 0.9
@@ -107,7 +121,8 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_keys(self.model_args, "model override", ViTConfig)
         choices = {"opt": ("adamw", "sgd", "muon"), "precision": TRAIN_PRECISIONS,
-                   "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES}
+                   "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES, "objective": OBJECTIVES,
+                   "mpp_target": ("mean", "4x4", "l2")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
@@ -117,7 +132,8 @@ class TrainConfig:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
-        for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs"):
+        for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs",
+                  "decoder_width", "decoder_depth", "decoder_heads"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
         if self.workers is not None and self.workers < 0:
@@ -132,7 +148,8 @@ class TrainConfig:
                 ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, True, False),
                 ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),
                 ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
-                ("model_ema_decay", 0, 1, True, True)):
+                ("model_ema_decay", 0, 1, True, True), ("mask_ratio", 0, 1, True, True), ("blr", 0, None, True, False),
+                ("adam_beta2", 0, 1, False, True), ("layer_decay", 0, 1, True, False)):
             check_range("train config", k, getattr(self, k), lo, hi, lo_open, hi_open)
         self._check_naflex()
         if self.time_limit is not None and self.time_limit <= 0:

@@ -119,13 +119,19 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     else:
         threads_note = ""  # measured on the chosen step, below
     data = for_run(cfg, data or build_data(cfg), log if rank == 0 else None)
-    if len(data.classes) < 2:  # one class trains to "100%" and predicts it for everything
+    if len(data.classes) < 2 and cfg.objective == "classify":  # one class trains to "100%" and predicts it always
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "", log)
     if world > 1:
         cfg = _from_rank0(cfg, p, device)
+    if cfg.blr is not None:  # the learning rate per 256 images, at the global batch the plan ends with (MAE's rule)
+        lr = cfg.blr * cfg.batch_size * cfg.grad_accum * world / 256
+        if lr != cfg.lr:
+            p.notes.append(f"lr {lr:.3g}: blr {cfg.blr:g} x {cfg.batch_size * cfg.grad_accum * world} images a step "
+                           "/ 256")
+            cfg = TrainConfig.from_dict({**cfg.to_dict(), "lr": lr})
     if threads_note:
         p.notes.append(threads_note)
     p.chosen["threads"] = torch.get_num_threads()

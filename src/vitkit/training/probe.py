@@ -15,6 +15,7 @@ from ..runtime.cpu import reports_bf16_unit
 from ..runtime.precision import autocast_for, matmul_precision
 from .build import apply_layout, build_model, preprocessing_for
 from .config import TrainConfig
+from .objectives import objective_for, ssl_settings
 from .optim import build_optimizer, freeze_body
 
 
@@ -42,7 +43,8 @@ def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.devi
     """What the step's time depends on, for the cache key."""
     return {"kind": "train step", "model": model.config.to_dict(), "batch": n, "opt": cfg.opt,
             "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(),
+            **({} if cfg.objective == "classify" else {"objective": ssl_settings(cfg)})}
 
 
 class StepProbe:
@@ -57,7 +59,7 @@ class StepProbe:
         x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
         self.x, self.target = augment(x, y, train=False)
         torch.set_rng_state(rng)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+        self.objective = objective_for(cfg, augment)  # what the run's loss compares (objectives.py)
 
     def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
         step = self.make_fed(s, compiled, augment=False)
@@ -67,7 +69,7 @@ class StepProbe:
                  ) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
         ``augment``): for timing the data pipeline with the step it feeds."""
-        m = copy.deepcopy(self.model).train()
+        m = self.objective.wrap(copy.deepcopy(self.model)).train()  # the model and the objective's parts
         apply_layout(m, s["attention"], s["channels_last"])
         cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
                                      "attention": "sdpa", "channels_last": False, "tiers": None})
@@ -75,14 +77,15 @@ class StepProbe:
             freeze_body(m)
         opt = build_optimizer(m, cfg)
         fwd = torch.compile(m) if compiled else m
-        criterion, device, precision, aug = self.criterion, self.device, s["precision"], self.augment
+        objective, device, precision, aug = self.objective, self.device, s["precision"], self.augment
+        gen = torch.Generator().manual_seed(0)  # the masks of a self-supervised objective
 
         def step(x: torch.Tensor, target: torch.Tensor) -> None:
             if augment:
                 x, target = aug(x, target, train=True)
             with matmul_precision(precision):
                 with autocast_for(device, precision):
-                    loss = criterion(fwd(x), target)
+                    loss = objective.loss(fwd, x, target, gen)
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

@@ -73,7 +73,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
                                 max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
-                                mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say)
+                                mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say,
+                                unlabeled=probe.get("objective", "classify") != "classify")
             name = "finetune" if init else choose_recipe(data)
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
@@ -95,6 +96,10 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         users_model = given.get("model") or file_cfg.get("model")
         if users_model and users_model != merged.get("model"):
             _for_users_model(merged, users_model, {**file_cfg.get("model_args", {}), **src.model_args}, name, say)
+        objective = given.get("objective") or file_cfg.get("objective") or "classify"
+        if objective != "classify":
+            _for_pretraining(merged, objective, {**file_cfg.get("model_args", {}), **src.model_args}, data, name,
+                             {**file_cfg, **given}, say)
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
@@ -122,6 +127,42 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+MIN_GRID = 7  # pre-training cuts patches so the grid has at least this many a side (MAE's encoder sees a quarter)
+
+
+def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[str, Any], data: DataSplits | None,
+                     recipe: str, users: dict[str, Any], say: Callable[[str], None]) -> None:
+    """``vitkit pretrain``: the dataset recipe's model, as a plain ViT with patches small enough for a grid of at
+    least ``MIN_GRID`` a side (2 pixels at least), under configs/pretrain-<method>.yaml's optimisation; its tiers (for
+    supervised training's short budgets) left out."""
+    merged.update({k: v for k, v in read_recipe(f"pretrain-{objective}").items() if k != "dataset"})
+    merged["tiers"] = None
+    args = dict(merged.get("model_args", {}))
+    said = []
+    if args.get("hybrid") and "hybrid" not in users_args:
+        said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: it sees every pixel before the "
+                    "masking)")
+    size = users_args.get("img_size", args.get("img_size")) or (data.img_size if data is not None else None)
+    if size is not None and "patch_size" not in users_args:
+        h, w = to_2tuple(size)
+        fits = [p for p in range(2, min(h, w) + 1) if h % p == 0 and w % p == 0 and min(h, w) // p >= MIN_GRID]
+        patch = max(fits) if fits else 2 if h % 2 == 0 and w % 2 == 0 else 1
+        if args.get("patch_size") != patch:
+            said.append(f"patches of {patch} ({h // patch}x{w // patch} a grid)")
+            args["patch_size"] = patch
+    merged["model_args"] = args
+    if data is not None and "batch_size" not in users:  # a small folder: at least 8 steps an epoch (the learning
+        n = len(data.train)  # rate follows the batch: blr)
+        batch = merged.get("batch_size", 256)
+        while batch > 8 and n // batch < 8:
+            batch //= 2
+        if batch != merged.get("batch_size"):
+            said.append(f"batch {batch} ({n} training images: 8 steps an epoch at least)")
+            merged["batch_size"] = batch
+    if said:
+        say(f"pre-training ({objective}): {merged.get('model')}, " + ", ".join(said))
 
 
 def _for_users_model(merged: dict[str, Any], model: str, users_args: dict[str, Any], recipe: str,

@@ -32,7 +32,7 @@ from .budget import TimeBudget
 from .build import build_data, build_model, for_run, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
-from .evaluate import evaluate
+from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
 from .runlog import RunLog
@@ -76,7 +76,7 @@ class Trainer:
         if self.data.streamed:  # read from the files by the workers the planner chose
             self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
         self._build()
-        self.train_model = model_for_training(self.model, cfg, self.device, self.world, log)
+        self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         batches = len(self.sampler) // cfg.batch_size  # whole batches an epoch, per process
         if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
@@ -95,7 +95,7 @@ class Trainer:
                                  cfg.batch_size * cfg.grad_accum * self.world, len(self.data.val)) \
             if cfg.time_limit else None
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
-        self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -1.0, 0.0
+        self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -math.inf, 0.0
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
         self.out = Path(cfg.output) if cfg.output else None
@@ -114,9 +114,11 @@ class Trainer:
                                     cutmix=cfg.cutmix)
         if cfg.freeze_body:
             self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
-        self.optimizer = build_optimizer(self.model, cfg)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
-        self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
+        # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)
+        self.objective = objective_for(cfg, self.augment)
+        self.module = self.objective.wrap(self.model).to(self.device)
+        self.optimizer = build_optimizer(self.module, cfg)
+        self.ema = AveragedModel(self.module, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
@@ -125,7 +127,7 @@ class Trainer:
         rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
+        return {"model": self.module.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
                 "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss,
@@ -139,7 +141,7 @@ class Trainer:
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         _check_same_classes(ckpt, list(self.data.classes), run_dir)
         s = load_train_state(ckpt)
-        load_state_dict_into(self.model, s["model"], str(ckpt / "train_state.pt"))
+        load_state_dict_into(self.module, s["model"], str(ckpt / "train_state.pt"))
         if self.ema is not None and s["ema"] is not None:
             self.ema.load_state_dict(s["ema"])
         self.optimizer.load_state_dict(s["optimizer"])
@@ -184,7 +186,7 @@ class Trainer:
 
     def _save(self, name: str, with_state: bool = True) -> None:
         if self.is_main and self.out:
-            to_save = self.ema.module if self.ema is not None else self.model
+            to_save = self.ema.module if self.ema is not None else self.module
             save_checkpoint(self.out, name, to_save, self.preprocessing, self._train_state() if with_state else None)
 
     def _set_plan(self, plan: tuple[int, int, int] | None) -> None:
@@ -198,7 +200,7 @@ class Trainer:
 
     def _diverged(self, loss: float) -> None:
         if self.is_main and self.out:
-            save_checkpoint(self.out, "diverged", self.model, self.preprocessing, self._train_state())
+            save_checkpoint(self.out, "diverged", self.module, self.preprocessing, self._train_state())
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
@@ -224,7 +226,7 @@ class Trainer:
                 break
             x, target = self.augment(x, y, train=True, generator=self.gen)
             with autocast_for(self.device, self.precision):
-                loss = self.criterion(self.train_model(x), target)
+                loss = self.objective.loss(self.train_model, x, target, self.gen)
             lv = float(loss.detach())
             if any_rank(not math.isfinite(lv), self.device):
                 self._diverged(lv)
@@ -249,12 +251,12 @@ class Trainer:
         set_lr(self.optimizer, lr_at(self.step, self.total_steps, self.warmup_steps, cfg.lr, cfg.min_lr))
         if cfg.clip_grad:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+            nn.utils.clip_grad_norm_(self.module.parameters(), cfg.clip_grad)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self.ema.update_parameters(self.model)
+            self.ema.update_parameters(self.module)
         self.step += 1
         if self.budget:
             self._set_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
@@ -270,20 +272,20 @@ class Trainer:
         metrics = self.evaluate()
         if self.budget:
             self.budget.evaluated(time.time() - t)
-        self.last_top1 = metrics["top1"]
-        if metrics["top1"] > self.best_top1:
-            self.best_top1 = metrics["top1"]
+        self.last_top1 = self.objective.score(metrics)  # top-1 for classify; the objective's own score else
+        if self.last_top1 > self.best_top1:
+            self.best_top1 = self.last_top1
             self._save("best", with_state=False)
         return metrics
 
     def evaluate(self) -> dict[str, Any]:
-        return self.evaluate_model(self.ema.module if self.ema is not None else self.model)
+        return self.evaluate_model(self.ema.module if self.ema is not None else self.module)
 
     def evaluate_model(self, model: nn.Module) -> dict[str, Any]:
         """``model`` on the validation split, as the run evaluates its own (batch, precision, ranks)."""
-        return evaluate(model, self.data.val, self.augment, self.model.config.num_classes, self.device,
-                        self.cfg.eval_batch_size, self.precision if self.precision == "bf16" else "fp32",
-                        self.rank, self.world)
+        return self.objective.evaluate(model, self.data.val, self.model.config.num_classes, self.device,
+                                       self.cfg.eval_batch_size, self.precision if self.precision == "bf16" else
+                                       "fp32", self.rank, self.world)
 
     def _announce(self) -> None:
         cfg = self.cfg
@@ -360,9 +362,8 @@ class Trainer:
                "precision": self.precision}  # what "auto" became on this machine
         said = f"epoch {self.epoch}: train_loss {train_loss:.4f}"
         if metrics is not None:
-            row.update(val_loss=round(metrics["loss"], 5), val_top1=round(metrics["top1"], 3),
-                       val_top5=round(metrics["top5"], 3))
-            said += f" val_loss {metrics['loss']:.4f} val_top1 {metrics['top1']:.2f}%"
+            row.update(self.objective.row(metrics))
+            said += self.objective.said(metrics)
         skipped = getattr(self.data.train, "skipped_in_training", 0) + getattr(self.data.val, "skipped_in_training", 0)
         if skipped:  # listed, then did not decode in a worker (--skip-bad-images): counted, as the run goes
             row["skipped_images"] = skipped

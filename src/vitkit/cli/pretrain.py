@@ -1,0 +1,38 @@
+"""``vitkit pretrain --method {mpp,mae}``: learn from the images alone (no label is read), with every flag of ``vitkit
+train`` (data, budget, resume, torchrun) and the method's own; the run folder's best/ and last/ hold the encoder as
+an ordinary vitkit checkpoint (``vitkit train --init RUN/best`` fine-tunes it) and the objective's parts beside it."""
+from __future__ import annotations
+
+import argparse
+
+from . import train
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("self-supervision")
+    g.add_argument("--method", dest="objective", choices=("mpp", "mae"), required=True,
+                   help="mpp: the paper's masked patch prediction (Appendix B.1.2: 50%% of the patch embeddings "
+                        "corrupted, their 3-bit mean colours predicted); mae: He et al.'s masked autoencoder (75%% "
+                        "of the patches hidden from the encoder, their pixels reconstructed by a light decoder)")
+    g.add_argument("--mask-ratio", dest="mask_ratio", type=float, default=argparse.SUPPRESS,
+                   help="the share of each image's patches masked (mpp 0.5, mae 0.75)")
+    g.add_argument("--mpp-target", dest="mpp_target", choices=("mean", "4x4", "l2"), default=argparse.SUPPRESS,
+                   help="mpp: the 3-bit mean colour (512 classes, the paper's), a 4x4 downsized patch in 3-bit "
+                        "colours, or the patch's pixels by L2 regression")
+    g.add_argument("--norm-pix-loss", dest="norm_pix_loss", action=argparse.BooleanOptionalAction,
+                   default=argparse.SUPPRESS, help="mae: each target patch standardised by its own mean and "
+                                                  "variance (He et al.'s; the default)")
+    for flag, dest, what in (("--decoder-width", "decoder_width", "width"), ("--decoder-depth", "decoder_depth",
+                                                                             "blocks"),
+                             ("--decoder-heads", "decoder_heads", "heads")):
+        g.add_argument(flag, dest=dest, type=int, default=argparse.SUPPRESS,
+                       help=f"mae: the decoder's {what} (default: He et al.'s 512 wide, 8 deep for encoders of 384 "
+                            "wide and more; half the width and 2 blocks for smaller ones)")
+    g.add_argument("--blr", type=float, default=argparse.SUPPRESS,
+                   help="the learning rate per 256 images a step (lr = blr x global batch / 256; the recipes': mae "
+                        "1.5e-4, mpp 1e-3)")
+    train.add_parser(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    return train.run(args)

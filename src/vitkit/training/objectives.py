@@ -1,0 +1,158 @@
+"""What a batch is turned into and what the loss compares: one trainer, many objectives.
+
+``classify`` is the paper's supervised training (cross-entropy on the labels). ``mpp`` (the paper's masked patch
+prediction, §4.6) and ``mae`` (He et al.'s masked autoencoder) learn from the images alone: their module wraps the
+encoder with the objective's parts (model/ssl.py), the labels are not read, and the validation split is scored by
+the objective's own loss (and, for MPP's colour classes, the share of masked patches whose colour is right). The
+loop, the planner, checkpoints, resume and torchrun are the same code for all three.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..data.augment import BatchAugment, batches
+from ..model.ssl import SSL_CONFIG, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl, load_ssl
+from ..model.vit import VisionTransformer
+from ..runtime.precision import autocast_for
+from .config import OBJECTIVES, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
+from .evaluate import evaluate
+
+SSL_SEED = 1234  # the masks an evaluation draws: the same every epoch, so its losses compare
+
+
+def ssl_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The objective's parts as model/ssl.py builds them (``build_ssl``), from the run's config."""
+    if cfg.objective == "mae":
+        return {"method": "mae", "mask_ratio": cfg.mask_ratio if cfg.mask_ratio is not None else 0.75,
+                "norm_pix_loss": cfg.norm_pix_loss, "decoder_width": cfg.decoder_width,
+                "decoder_depth": cfg.decoder_depth, "decoder_heads": cfg.decoder_heads}
+    return {"method": "mpp", "target": cfg.mpp_target,
+            "mask_ratio": cfg.mask_ratio if cfg.mask_ratio is not None else 0.5}
+
+
+class Classify:
+    """The paper's supervised objective: cross-entropy (with label smoothing) of the head's logits."""
+
+    name, metric = "classify", "val_top1"
+
+    def __init__(self, cfg: TrainConfig, augment: BatchAugment) -> None:
+        self.cfg, self.augment = cfg, augment
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.smoothing)
+
+    def wrap(self, model: VisionTransformer) -> nn.Module:
+        """The module the optimizer trains: the model itself here; the model and the objective's parts else."""
+        return model
+
+    def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.criterion(fwd(x), target)
+
+    def evaluate(self, module: nn.Module, split: Any, num_classes: int, device: torch.device, batch_size: int,
+                 precision: str, rank: int = 0, world: int = 1) -> dict[str, Any]:
+        return evaluate(module, split, self.augment, num_classes, device, batch_size, precision, rank, world)
+
+    def score(self, metrics: dict[str, Any]) -> float:
+        """What the run keeps its best/ by (higher is better)."""
+        return metrics["top1"]
+
+    def row(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"val_loss": round(metrics["loss"], 5), "val_top1": round(metrics["top1"], 3),
+                "val_top5": round(metrics["top5"], 3)}
+
+    def said(self, metrics: dict[str, Any]) -> str:
+        return f" val_loss {metrics['loss']:.4f} val_top1 {metrics['top1']:.2f}%"
+
+    def final(self, metrics_top: float) -> str:
+        return f"val_top1={metrics_top:.2f}"
+
+
+class SelfSupervised(Classify):
+    """MPP or MAE: the labels are not read; the module is the encoder with the objective's parts."""
+
+    def __init__(self, cfg: TrainConfig, augment: BatchAugment) -> None:
+        super().__init__(cfg, augment)
+        self.name = cfg.objective
+        self.metric = "val_top1" if cfg.objective == "mpp" and cfg.mpp_target != "l2" else "val_loss"
+        self.mean = torch.as_tensor(augment.mean).reshape(1, -1, 1, 1)
+        self.std = torch.as_tensor(augment.std).reshape(1, -1, 1, 1)
+
+    def wrap(self, model: VisionTransformer) -> nn.Module:
+        """The encoder with the objective's parts: those of ``--init``'s checkpoint where it holds them for this
+        method (pre-training continued, on these images or new ones), else new ones."""
+        init = Path(self.cfg.init) if self.cfg.init else None
+        if init is not None and (init / SSL_CONFIG).is_file():
+            saved = json.loads((init / SSL_CONFIG).read_text())
+            if saved.get("method") == self.cfg.objective:
+                return load_ssl(init, model)
+        return build_ssl(model, ssl_settings(self.cfg))
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        """The standardised batch back in [0, 1]: MPP's colours are of the pixels, not of the standardised values."""
+        return (x.float() * self.std.to(x.device) + self.mean.to(x.device)).clamp(0, 1)
+
+    def out(self, fwd: Callable[..., Any], x: torch.Tensor, generator: torch.Generator | None) -> SSLOutput:
+        if self.cfg.objective == "mpp":
+            return fwd(x, self.raw(x), generator=generator)
+        return fwd(x, generator=generator)
+
+    def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.out(fwd, x, generator).loss
+
+    @torch.no_grad()
+    def evaluate(self, module: nn.Module, split: Any, num_classes: int, device: torch.device, batch_size: int,
+                 precision: str, rank: int = 0, world: int = 1) -> dict[str, Any]:
+        """The objective's loss over the validation split (and MPP's colour accuracy), with the same masks every
+        time (a generator seeded alike); under DDP each rank takes every ``world``-th image and the sums are
+        all-reduced."""
+        was_training = module.training
+        module.eval()
+        gen = torch.Generator().manual_seed(SSL_SEED + rank)
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x images, images, hits, masked patches
+        for x, y in batches(split, torch.arange(rank, len(split), world), batch_size, drop_last=False, device=device):
+            x, _ = self.augment(x, y, train=False)
+            with autocast_for(device, precision):
+                out = self.out(module, x, gen)
+            sums[0] += float(out.loss) * len(y)
+            sums[1] += len(y)
+            if out.correct is not None:
+                sums[2] += out.correct.double()
+                sums[3] += out.count.double()
+        if world > 1:
+            dist.all_reduce(sums)
+        module.train(was_training)
+        n = max(float(sums[1]), 1.0)
+        top1 = 100.0 * float(sums[2]) / float(sums[3]) if float(sums[3]) else float("nan")
+        return {"loss": float(sums[0]) / n, "top1": top1, "n": int(sums[1])}
+
+    def score(self, metrics: dict[str, Any]) -> float:
+        return metrics["top1"] if self.metric == "val_top1" else -metrics["loss"]
+
+    def row(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        row = {"val_loss": round(metrics["loss"], 5)}
+        if self.metric == "val_top1":
+            row["val_top1"] = round(metrics["top1"], 3)  # the masked patches whose colour is right
+        return row
+
+    def said(self, metrics: dict[str, Any]) -> str:
+        said = f" val_loss {metrics['loss']:.4f}"
+        if self.metric == "val_top1":
+            said += f" colours right {metrics['top1']:.2f}%"
+        return said
+
+    def final(self, best: float) -> str:
+        return f"val_colour_top1={best:.2f}" if self.metric == "val_top1" else f"val_loss={-best:.4f}"
+
+
+def objective_for(cfg: TrainConfig, augment: BatchAugment) -> Classify:
+    return Classify(cfg, augment) if cfg.objective == "classify" else SelfSupervised(cfg, augment)
+
+
+def is_ssl(module: nn.Module) -> bool:
+    return isinstance(module, (MaskedPatchPrediction, MaskedAutoencoder))
