@@ -47,6 +47,11 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
     """The config of a state dict with vitkit/timm names; ``known`` fills what weights cannot tell (num_heads,
     a non-square img_size, the img_size of a model without a position table, layer_norm_eps, pos_embed)."""
     if "patch_embed.proj.weight" not in sd:
+        if any(k in sd for k in ("mask_token", "decoder_pred.weight", "head.weight")) and \
+                any(k.startswith(("decoder_", "mask_token")) for k in sd):
+            raise ValueError(f"{source}: the objective's parts of a self-supervised run (an MAE decoder, or MPP's "
+                             "[mask] embedding and colour head), not a ViT: --init the folder it is in, whose "
+                             "model.safetensors holds the encoder")
         raise ValueError(f"{source}: no 'patch_embed.proj.weight'; not a ViT state dict with timm names "
                          f"(first keys: {list(sd)[:5]})")
     w = sd["patch_embed.proj.weight"]

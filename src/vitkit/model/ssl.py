@@ -293,7 +293,8 @@ def ssl_config(module: nn.Module) -> dict[str, Any]:
     if isinstance(module, MaskedAutoencoder):
         d = module.decoder_cfg
         return {"method": "mae", "mask_ratio": module.mask_ratio, "norm_pix_loss": module.norm_pix_loss,
-                "decoder_width": d.embed_dim, "decoder_depth": d.depth, "decoder_heads": d.num_heads}
+                "decoder_width": d.embed_dim, "decoder_depth": d.depth, "decoder_heads": d.num_heads,
+                "decoder_mlp_ratio": d.mlp_ratio}
     if isinstance(module, MaskedPatchPrediction):
         return {"method": "mpp", "target": module.target, "mask_ratio": module.corrupt, "replace": list(module.replace)}
     raise TypeError(f"not a self-supervised module: {type(module).__name__}")
@@ -344,6 +345,8 @@ def build_ssl(encoder: VisionTransformer, cfg: dict[str, Any]) -> nn.Module:
     if method == "mae":
         dec = decoder_config(encoder.config, cfg.get("decoder_width"), cfg.get("decoder_depth"),
                              cfg.get("decoder_heads"))
+        if cfg.get("decoder_mlp_ratio"):
+            dec = dec.replace(mlp_ratio=cfg["decoder_mlp_ratio"])
         return MaskedAutoencoder(encoder, cfg.get("mask_ratio", 0.75), cfg.get("norm_pix_loss", True), dec)
     if method == "mpp":
         return MaskedPatchPrediction(encoder, cfg.get("target", "mean"), cfg.get("mask_ratio", 0.5),

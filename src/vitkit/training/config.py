@@ -167,6 +167,9 @@ class TrainConfig:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.naflex and (why := _naflex_problem(self)):
             raise ValueError(f"--naflex: {why}")
+        if self.naflex and self.objective != "classify":
+            raise ValueError(f"--naflex: {self.objective} masks a fixed grid of patches; pre-train on fixed-size images "
+                             "(a NaFlex model fine-tunes from the encoder)")
 
     @property
     def needs_plan(self) -> bool:

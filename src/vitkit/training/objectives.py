@@ -79,8 +79,8 @@ class SelfSupervised(Classify):
         super().__init__(cfg, augment)
         self.name = cfg.objective
         self.metric = "val_top1" if cfg.objective == "mpp" and cfg.mpp_target != "l2" else "val_loss"
-        self.mean = torch.as_tensor(augment.mean).reshape(1, -1, 1, 1)
-        self.std = torch.as_tensor(augment.std).reshape(1, -1, 1, 1)
+        self.mean = augment.mean.reshape(1, -1, 1, 1) / 255  # (the augmentation's are in 0-255 units)
+        self.std = augment.std.reshape(1, -1, 1, 1) / 255
 
     def wrap(self, model: VisionTransformer) -> nn.Module:
         """The encoder with the objective's parts: those of ``--init``'s checkpoint where it holds them for this

@@ -294,6 +294,13 @@ class Trainer:
         what = f"--init {cfg.init}" if cfg.init else cfg.model
         self.log(f"model {what}: {self.model.num_params:,} parameters on {self.device} in {self.precision}; "
                  f"{self.steps_per_epoch} steps/epoch, global batch {cfg.batch_size * self.world * cfg.grad_accum}")
+        if cfg.objective != "classify":
+            parts = sum(p.numel() for n, p in self.module.named_parameters() if not n.startswith("encoder."))
+            self.log(f"pre-training by {cfg.objective} ({parts:,} parameters in its own parts beside the encoder; the "
+                     "labels are not read)")
+            if cfg.objective == "mpp" and self.model.config.in_chans == 1 and cfg.mpp_target != "l2":
+                self.log("mpp on one channel: 8 gray levels (3 bits) are the colour classes, not the paper's 512 "
+                         "colours of 3 channels")
         for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
             if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
