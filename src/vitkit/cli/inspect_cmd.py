@@ -1,5 +1,6 @@
 """``vitkit inspect {attention,rollout,distance,posemb,filters,features} --checkpoint DIR [--image IMG] --out
-FILE.png``, and ``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``.
+FILE.png``, ``vitkit inspect explain --checkpoint DIR [IMAGE ...] --method all --target CLASS --out DIR``, and
+``vitkit inspect reconstruct --checkpoint RUN/best [IMAGE ...] --out FILE.png`` for a self-supervised checkpoint.
 ``--input-size H W`` runs any of them at another (non-square) size, ``--keep-aspect`` at the image's own aspect
 ratio."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from .common import add_data_flags, add_weights_flags, load_data_from_args, load_weights, positive_int
 
-KINDS = ("attention", "rollout", "distance", "posemb", "filters", "features", "explain")
+KINDS = ("attention", "rollout", "distance", "posemb", "filters", "features", "explain", "reconstruct")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -67,11 +68,13 @@ def run(args: argparse.Namespace) -> int:
     from ..data.preprocess import preprocessing_of
     from ..inspect import analysis, plots
 
-    if args.images and args.kind != "explain":
+    if args.images and args.kind not in ("explain", "reconstruct"):
         raise ValueError(f"inspect {args.kind} takes one image, as --image IMG; image files as arguments are for "
-                         "inspect explain")
+                         "inspect explain and reconstruct")
     if args.kind == "explain":
         return explain(args)
+    if args.kind == "reconstruct":
+        return reconstruct(args)
     model = resized(load_weights(args).eval(), args)
     pre = preprocessing_of(model)
     out = Path(args.out)
@@ -254,3 +257,37 @@ def explain(args: argparse.Namespace) -> int:
               f"{r['random_insertion_auc']:>10.3f}  {'yes' if r['better_than_random'] else 'not shown'}")
     print(f"wrote {out / 'faithfulness.csv'} and {out / 'faithfulness.png'}")
     return 0
+
+
+def reconstruct(args: argparse.Namespace) -> int:
+    """A self-supervised checkpoint's figure: images as they are, as the model saw them, as it predicted them."""
+    import torch
+
+    from ..data.preprocess import image_files, images_to_tensor, load_images, preprocessing_of
+    from ..model.ssl import load_ssl
+    from ..training.ssl_figure import FIGURE_IMAGES, draw, ssl_pictures
+
+    if not args.checkpoint or not Path(args.checkpoint).is_dir():
+        raise ValueError("inspect reconstruct: --checkpoint a self-supervised run's checkpoint folder (RUN/best or "
+                         "RUN/last: the encoder with ssl.json and ssl.safetensors beside it)")
+    encoder = load_weights(args).eval()
+    module = load_ssl(args.checkpoint, encoder)
+    pre = preprocessing_of(encoder)
+    if args.images:
+        x = images_to_tensor(load_images(image_files(args.images)), pre, encoder.config)
+    else:
+        x, _ = _sample_images(args, encoder, pre, args.num_images or FIGURE_IMAGES)
+    mean, std = torch.tensor(pre["mean"]), torch.tensor(pre["std"])
+    raw, seen, filled, loss = ssl_pictures(module, x, mean, std)
+    out = Path(args.out)
+    draw(raw, seen, filled, out, f"{json_method(args.checkpoint)}: loss {loss:.4f} on these {len(x)} images")
+    print(f"wrote {out}")
+    return 0
+
+
+def json_method(folder: str) -> str:
+    import json
+
+    from ..model.ssl import SSL_CONFIG
+
+    return json.loads((Path(folder) / SSL_CONFIG).read_text()).get("method", "self-supervised")

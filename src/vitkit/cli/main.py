@@ -15,6 +15,7 @@ COMMANDS = {
     "train": ("train", "train or fine-tune a ViT"),
     "pretrain": ("pretrain", "learn from images alone, no labels: the paper's masked patch prediction (§4.6) or MAE"),
     "eval": ("evaluate", "evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix"),
+    "probe": ("probe", "how good an encoder's frozen features are: a linear probe and k-NN on labelled images"),
     "predict": ("predict", "top-k classes for image files"),
     "summary": ("summary", "layer table and parameters (torchinfo), forward GFLOP per image"),
     "inspect": ("inspect_cmd", "attention maps, rollout, attention distance, position embeddings, filters"),

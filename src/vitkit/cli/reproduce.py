@@ -27,6 +27,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "minute, says nothing about the claim")
     p.add_argument("--out", default=None, help="results folder (default results/<claim>[-quick]); a sweep that was "
                                                "stopped continues there")
+    p.add_argument("--runs", default=None, metavar="PREFIXES",
+                   help="only the runs whose names begin with one of these, joined by commas (e.g. pretrain-mae,"
+                        "scratch-10pct,mae-10pct): a part of a claim in less time; the others can be added later "
+                        "with the same --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -71,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     budget = args.budget_min or claim.budget_min
     setup = Setup(data_settings(dataset, args.data_dir), dataset, budget, args.quick, target, out)
     runs = claim.runs(setup)
+    if args.runs:
+        wanted = tuple(p.strip() for p in args.runs.split(",") if p.strip())
+        chosen = [r for r in runs if r.id.startswith(wanted)]
+        if not chosen:
+            raise ValueError(f"--runs {args.runs}: none of {claim.name}'s runs begins so ({', '.join(r.id for r in runs)})")
+        runs = chosen
     out.mkdir(parents=True, exist_ok=True)
     command = "vitkit " + shlex.join(["reproduce", *sys.argv[2:]]) if sys.argv[1:2] == ["reproduce"] else \
         f"vitkit reproduce {claim.name}"

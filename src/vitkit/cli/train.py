@@ -28,6 +28,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--lr",): ("lr", float, "peak learning rate (for the global batch; not scaled automatically)"),
     ("--min-lr",): ("min_lr", float, "learning rate at the end of the cosine"),
     ("--body-lr-scale",): ("body_lr_scale", float, "LR of all but the head relative to --lr (fine-tuning)"),
+    ("--layer-decay",): ("layer_decay", float, "fine-tuning: block i's LR times DECAY^(depth - i), the embeddings' "
+                                               "DECAY^(depth + 1) (MAE fine-tunes ViT-B with 0.65, BEiT 0.65-0.75)"),
+    ("--adam-beta2",): ("adam_beta2", float, "AdamW's second-moment decay (0.999; MAE pre-trains with 0.95)"),
     ("--weight-decay",): ("weight_decay", float, "AdamW/SGD weight decay (not on norms, biases, pos/cls)"),
     ("--warmup-epochs",): ("warmup_epochs", float, "linear warmup"),
     ("--opt",): ("opt", str, "adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)"),

@@ -13,6 +13,7 @@ from .files import load_state_file, read_hf_folder, weights_in, written_config, 
 from .hf import from_hf, hf_to_vitkit
 from .infer import infer_config, size_is_the_tables
 from .jax import jax_to_vitkit, read_npz
+from .mae import from_hf_mae
 from .naflex import HF_TYPES, arch_facts as naflex_facts, is_timm_naflex, siglip2_to_vitkit, timm_naflex_to_vitkit
 from .timm import timm_to_vitkit
 
@@ -31,7 +32,7 @@ def detect_format(src: str | Path) -> str:
         meta = json.loads(cfg.read_text()) if cfg.is_file() else {}
         if meta.get("library") == "vitkit" or "model" in meta and isinstance(meta["model"], dict):
             return "vitkit"
-        if meta.get("model_type") in ("vit", *HF_TYPES):
+        if meta.get("model_type") in ("vit", "vit_mae", *HF_TYPES):
             return "hf"
         if "architecture" in meta or "pretrained_cfg" in meta:
             return "timm"
@@ -119,6 +120,9 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
         if hc.get("model_type") in HF_TYPES or any("embeddings.patch_embedding." in k for k in sd):
             sd, said = siglip2_to_vitkit(sd, hc, str(p))
             return _build(sd, str(p), said, dict(overrides), fmt)
+        if hc.get("model_type") == "vit_mae":  # a masked autoencoder: its encoder (interop/mae.py)
+            encoder = from_hf_mae(p).encoder
+            return build_adapted(encoder.config, encoder.state_dict(), str(p), **overrides)
         if p.is_dir():
             model = from_hf(p)
             return build_adapted(model.config, model.state_dict(), str(p), **overrides)

@@ -9,7 +9,9 @@ own 2-D sin-cos, whose frequencies differ from big_vision's that vitkit computes
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +64,14 @@ def hf_mae_to_vitkit(sd: dict[str, torch.Tensor], source: str = "Hugging Face MA
         for k, v in hf_to_vitkit(decoder_blocks, source).items():
             parts[f"decoder_{k}"] = v  # blocks.N... -> decoder_blocks.N...
     return enc, parts
+
+
+def is_hf_mae(path: Path) -> bool:
+    """A Hugging Face folder of a ViTMAE model (config.json's model_type ``vit_mae``)."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type") == "vit_mae"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def from_hf_mae(model_or_dir: Any) -> MaskedAutoencoder:

@@ -59,11 +59,14 @@ def _timm(name: str, top1: float | None, *, arch: str | None = None, **kw: Any) 
                       top1=top1, top1_source=TIMM_TOP1 if top1 is not None else None, **kw)
 
 
-def _hf(repo: str, arch: str, *, num_classes: int = 1000, labels: str | None = "imagenet-1k") -> Pretrained:
+def _hf(repo: str, arch: str, *, num_classes: int = 1000, labels: str | None = "imagenet-1k",
+        mae: bool = False) -> Pretrained:
     size = 384 if "384" in repo else 224
-    # transformers' ViTImageProcessor for these repos: resize both sides to the size (bilinear), mean/std 0.5
+    # transformers' ViTImageProcessor for these repos: resize both sides to the size (bilinear), mean/std 0.5; the
+    # MAE repos' processor standardises with ImageNet's mean/std, and their licence is CC BY-NC 4.0
+    norm = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "license": "cc-by-nc-4.0"} if mae else {}
     return Pretrained(repo, arch, hub=repo, fmt="hf", img_size=size, interpolation="bilinear", crop_pct=1.0,
-                      crop_mode="squash", labels=labels, num_classes=num_classes)
+                      crop_mode="squash", labels=labels, num_classes=num_classes, **norm)
 
 
 def _npz(path: str, arch: str, *, num_classes: int = 1000, labels: str | None = "imagenet-1k",
@@ -119,12 +122,21 @@ ENTRIES: list[Pretrained] = [
     _timm("vit_base_patch14_reg4_dinov2.lvd142m", None, img_size=518, crop_pct=1.0, labels=None, num_classes=0,
           **DEIT),
     _timm("vit_medium_patch16_gap_256.sw_in12k_ft_in1k", 84.446, img_size=256, crop_pct=0.95),
+    # He et al.'s masked autoencoders (2021): ImageNet-1k images without their labels, the encoder alone, no head;
+    # `vitkit train --init NAME` fine-tunes, `vitkit pretrain --method mae --init NAME` continues with a new decoder
+    _timm("vit_base_patch16_224.mae", None, labels=None, num_classes=0, license="cc-by-nc-4.0", **DEIT),
+    _timm("vit_large_patch16_224.mae", None, labels=None, num_classes=0, license="cc-by-nc-4.0", **DEIT),
+    _timm("vit_huge_patch14_224.mae", None, labels=None, num_classes=0, license="cc-by-nc-4.0", **DEIT),
     # Hugging Face (google/): the paper's weights converted by transformers
     _hf("google/vit-base-patch16-224", "vit_base_patch16_224"),
     _hf("google/vit-base-patch16-384", "vit_base_patch16_384"),
     _hf("google/vit-large-patch16-224", "vit_large_patch16_224"),
     _hf("google/vit-base-patch16-224-in21k", "vit_base_patch16_224", num_classes=0, labels=None),
     _hf("google/vit-huge-patch14-224-in21k", "vit_huge_patch14_224", num_classes=0, labels=None),
+    # ... and with their decoder (ViTMAEForPreTraining: `vitkit pretrain --method mae --init` continues with it)
+    _hf("facebook/vit-mae-base", "vit_base_patch16_224", num_classes=0, labels=None, mae=True),
+    _hf("facebook/vit-mae-large", "vit_large_patch16_224", num_classes=0, labels=None, mae=True),
+    _hf("facebook/vit-mae-huge", "vit_huge_patch14_224", num_classes=0, labels=None, mae=True),
     # the official files of google-research/vision_transformer (README "Available ViT models")
     _npz("imagenet21k/ViT-B_16", "vit_base_patch16_224", num_classes=0, labels=None),
     _npz("imagenet21k/ViT-B_32", "vit_base_patch32_224", num_classes=0, labels=None),

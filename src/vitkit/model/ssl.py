@@ -174,6 +174,36 @@ class MaskedPatchPrediction(nn.Module):
         return SSLOutput(loss, corrupted, pred, hits.sum(), torch.tensor(hits.numel(), device=hits.device))
 
 
+def colour_of_class(classes: torch.Tensor, channels: int) -> torch.Tensor:
+    """``quantised_colour`` read back: each class (...,) as the centre of its levels, (..., C) in [0, 1]."""
+    levels = 2 ** COLOUR_BITS
+    digits = [(classes // levels ** i) % levels for i in range(channels - 1, -1, -1)]
+    return (torch.stack(digits, -1).float() + 0.5) / levels
+
+
+def mpp_picture(module: "MaskedPatchPrediction", raw: torch.Tensor, out: SSLOutput) -> tuple[torch.Tensor, ...]:
+    """(what the model saw, what it predicted) as images in [0, 1] for a figure: the corrupted patches grey, then
+    each corrupted patch filled with the mean colour it predicted (the 4x4 target: its 16 cells; l2: its pixels),
+    the others as they were."""
+    c = module.encoder.config
+    p, q = to_2tuple(c.patch_size)
+    grid = module.encoder.patch_embed.grid_size
+    patches = patchify(raw, (p, q))
+    seen = torch.where(out.mask[..., None], torch.full_like(patches, 0.5), patches)
+    b, n = out.mask.shape
+    if module.target == "l2":
+        guess = out.pred.float().clamp(0, 1)
+    else:
+        classes = out.pred.float().reshape(b, n, -1, colour_classes(c.in_chans)).argmax(-1)  # (B, N, 1 or 16)
+        colours = colour_of_class(classes, c.in_chans)  # (B, N, cells, C)
+        cells = colours.shape[2]
+        side = int(cells ** 0.5)
+        cell = colours.reshape(b * n, side, side, c.in_chans).permute(0, 3, 1, 2)  # the patch's cells as a picture
+        guess = F.interpolate(cell, size=(p, q), mode="nearest").permute(0, 2, 3, 1).reshape(b, n, p * q * c.in_chans)
+    filled = torch.where(out.mask[..., None], guess, patches)
+    return (unpatchify(seen, (p, q), grid, c.in_chans), unpatchify(filled, (p, q), grid, c.in_chans))
+
+
 # ------------------------------------------------------------------------------------------ MAE
 def decoder_config(encoder: ViTConfig, width: int | None = None, depth: int | None = None,
                    heads: int | None = None) -> ViTConfig:

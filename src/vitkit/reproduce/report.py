@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import platform
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,18 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path, quick: bool = F
                         textcoords="offset points", xytext=(5, 5))
         _log_x_at(ax, sorted(num(r, "train_pflop") for r in rows), "{:.3g}")  # the runs' own compute
         ax.set_xlabel("training compute (PFLOP, log scale)")
+    elif claim.name == "self-supervision":  # test top-1 against the share of labels, a line per starting point
+        target = [r for r in rows if r["stage"] == "target"]
+        for kind in dict.fromkeys(r["weights"] for r in target):
+            shares = sorted({num(r, "labels") for r in target if r["weights"] == kind})
+            means = [statistics.mean(num(r, "test_top1") for r in target if r["weights"] == kind
+                                     and num(r, "labels") == f) for f in shares]
+            ax.plot(shares, means, marker="o", label={"random": "from scratch"}.get(kind, f"pre-trained: {kind}"))
+            ax.scatter([num(r, "labels") for r in target if r["weights"] == kind],
+                       [num(r, "test_top1") for r in target if r["weights"] == kind], s=10, color="k", zorder=3)
+        ax.set_xscale("log")
+        ax.set_xlabel("share of the training labels (log scale; dots: seeds)")
+        ax.legend(fontsize=8)
     else:  # transfer
         names = [r["run"] for r in rows]
         ax.bar(names, [num(r, "test_top1") for r in rows], color=["#bbbbbb" if r["run"] == "pretrain" else "#8cb4d8"
@@ -49,8 +62,8 @@ def figure(claim: Claim, rows: list[dict[str, Any]], path: Path, quick: bool = F
         ax.tick_params(axis="x", rotation=20)
         ax.set_xlabel("run (grey: the CIFAR-10 pre-training, on its own test set)")
     ax.set_ylabel("test top-1 (%)")
-    ax.set_title(claim.title + (" (--quick: checks the machinery, says nothing about the claim)" if quick else ""),
-                 fontsize=10)
+    ax.set_title("\n".join(textwrap.wrap(claim.title + (" (--quick: checks the machinery, says nothing about the "
+                                                        "claim)" if quick else ""), 70)), fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -21,8 +21,11 @@ class Run:
         return {**self.settings, **({"time_limit": self.budget_min} if self.budget_min else {})}
 
     def command(self) -> str:
-        """The ``vitkit train`` command that trains this point alone."""
-        return "vitkit " + shlex.join(["train", *train_flags(self.train_settings())])
+        """The ``vitkit train`` (or ``vitkit pretrain``) command that trains this point alone."""
+        settings = dict(self.train_settings())
+        method = settings.pop("objective", "classify")
+        head = ["train"] if method == "classify" else ["pretrain", "--method", method]
+        return "vitkit " + shlex.join([*head, *train_flags(settings)])
 
 
 # model settings whose flag is not --KEY-WITH-DASHES

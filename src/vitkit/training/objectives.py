@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
 from ..model.ssl import SSL_CONFIG, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl, load_ssl
+from ..interop.mae import from_hf_mae, is_hf_mae
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
 from .config import OBJECTIVES, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
@@ -90,6 +91,11 @@ class SelfSupervised(Classify):
             saved = json.loads((init / SSL_CONFIG).read_text())
             if saved.get("method") == self.cfg.objective:
                 return load_ssl(init, model)
+        if init is not None and self.cfg.objective == "mae" and is_hf_mae(init):  # ViTMAEForPreTraining's decoder
+            mae = from_hf_mae(init)
+            if any(k.startswith("decoder_") for k in mae.state_dict()):
+                mae.load_state_dict({**mae.state_dict(), **{f"encoder.{k}": v for k, v in model.state_dict().items()}})
+                return mae
         return build_ssl(model, ssl_settings(self.cfg))
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,19 +11,34 @@ from .config import TrainConfig
 
 
 def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
-    """No weight decay on norms, biases, position embedding and class token; ``body_lr_scale`` for all but the head."""
+    """No weight decay on norms, biases, position embedding and class token; ``body_lr_scale`` for all but the head;
+    with ``layer_decay`` (BEiT's and MAE's fine-tuning), block i's learning rate times decay^(depth - i), the
+    embeddings' times decay^(depth + 1), the final norm's and the head's as given (``layer_id``)."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    groups: dict[tuple[bool, bool], dict] = {}
+    depth = getattr(getattr(model, "config", None), "depth", None)
+    groups: dict[tuple[bool, bool, int], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip
         head = name.split(".")[0] in HEADS
-        g = groups.setdefault((no_decay, head), {
-            "params": [], "weight_decay": 0.0 if no_decay else cfg.weight_decay,
-            "lr_scale": 1.0 if head else cfg.body_lr_scale})
+        layer = layer_id(name, depth) if cfg.layer_decay and depth is not None else 0
+        scale = (1.0 if head else cfg.body_lr_scale) * (cfg.layer_decay ** (depth + 1 - layer) if cfg.layer_decay
+                                                        and depth is not None else 1.0)
+        g = groups.setdefault((no_decay, head, layer), {
+            "params": [], "weight_decay": 0.0 if no_decay else cfg.weight_decay, "lr_scale": scale})
         g["params"].append(p)
     return list(groups.values())
+
+
+def layer_id(name: str, depth: int) -> int:
+    """The layer a parameter is in, as BEiT and MAE number them for layer-wise decay: 0 the embeddings (patches,
+    class and register tokens, E_pos), 1 + i block i, depth + 1 what ends the model (the final norm, pooling, head)."""
+    if name.startswith(("patch_embed.", "cls_token", "reg_token", "dist_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
 
 
 def freeze_body(model: torch.nn.Module) -> int:
@@ -46,7 +61,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
     if cfg.opt == "muon":
         ns = torch.bfloat16 if cfg.precision == "bf16" else torch.float32  # the run's own precision (planned)
         return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem, embed=cfg.muon_embed, ns_dtype=ns)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), fused=fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.adam_beta2), fused=fused)
 
 
 class MuonAdamW:

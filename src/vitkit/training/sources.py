@@ -56,6 +56,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
     merged: dict[str, Any] = {"dataset": dataset}
     init = given.get("init") or file_cfg.get("init")
+    objective = given.get("objective") or file_cfg.get("objective") or saved.get("objective") or "classify"
+    finetune = bool(init) and objective == "classify"  # (pre-training from weights keeps its own recipe)
     data, name = None, None
     if not saved:
         if init:  # fine-tuning: held at the weights' resolution, so nothing is lost to a smaller copy
@@ -75,11 +77,11 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                                 max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
                                 mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say,
                                 unlabeled=probe.get("objective", "classify") != "classify")
-            name = "finetune" if init else choose_recipe(data)
+            name = "finetune" if finetune else choose_recipe(data)
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
-            name = "finetune" if init else dataset
-        if init:
+            name = "finetune" if finetune else dataset
+        if finetune:
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
                 "decay, cosine decay, gradient clipping at 1, new zero head; with the official code's linear warmup; "
                 "position embeddings resampled to the training size; a --config file or flags override it)")
@@ -96,10 +98,9 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         users_model = given.get("model") or file_cfg.get("model")
         if users_model and users_model != merged.get("model"):
             _for_users_model(merged, users_model, {**file_cfg.get("model_args", {}), **src.model_args}, name, say)
-        objective = given.get("objective") or file_cfg.get("objective") or "classify"
         if objective != "classify":
             _for_pretraining(merged, objective, {**file_cfg.get("model_args", {}), **src.model_args}, data, name,
-                             {**file_cfg, **given}, say)
+                             {**file_cfg, **given}, say, bool(init))
         if data is not None and merged.get("hflip") and flips_change_labels(data):
             merged["hflip"] = False
             if "hflip" not in given and "hflip" not in file_cfg:
@@ -133,13 +134,13 @@ MIN_GRID = 7  # pre-training cuts patches so the grid has at least this many a s
 
 
 def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[str, Any], data: DataSplits | None,
-                     recipe: str, users: dict[str, Any], say: Callable[[str], None]) -> None:
+                     recipe: str, users: dict[str, Any], say: Callable[[str], None], init: bool = False) -> None:
     """``vitkit pretrain``: the dataset recipe's model, as a plain ViT with patches small enough for a grid of at
     least ``MIN_GRID`` a side (2 pixels at least), under configs/pretrain-<method>.yaml's optimisation; its tiers (for
-    supervised training's short budgets) left out."""
+    supervised training's short budgets) left out. From weights (``init``), their own architecture."""
     merged.update({k: v for k, v in read_recipe(f"pretrain-{objective}").items() if k != "dataset"})
     merged["tiers"] = None
-    args = dict(merged.get("model_args", {}))
+    args = {} if init else dict(merged.get("model_args", {}))
     said = []
     if args.get("hybrid") and "hybrid" not in users_args:
         said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: it sees every pixel before the "

@@ -36,6 +36,7 @@ from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
 from .runlog import RunLog
+from .ssl_figure import FIGURE_IMAGES, draw, ssl_pictures
 
 
 class TrainingDiverged(RuntimeError):
@@ -278,6 +279,18 @@ class Trainer:
             self._save("best", with_state=False)
         return metrics
 
+    def _draw_reconstruction(self) -> None:
+        """A self-supervised run's figure of a few validation images at this epoch: as they are, as the model saw
+        them, as it predicted them (training/ssl_figure.py), ``recon/epoch-NNN.png`` in the run folder."""
+        module = self.ema.module if self.ema is not None else self.module
+        n = min(FIGURE_IMAGES, len(self.data.val))
+        x, y = next(batches(self.data.val, list(range(n)), n, False, self.device))
+        x, _ = self.augment(x, y, train=False)
+        raw, seen, filled, loss = ssl_pictures(module, x, self.augment.mean.flatten() / 255,
+                                               self.augment.std.flatten() / 255)
+        draw(raw, seen, filled, self.out / "recon" / f"epoch-{self.epoch:03d}.png",
+             f"{self.cfg.objective}, epoch {self.epoch}: loss {loss:.4f} on these images")
+
     def evaluate(self) -> dict[str, Any]:
         return self.evaluate_model(self.ema.module if self.ema is not None else self.module)
 
@@ -347,6 +360,8 @@ class Trainer:
                 break  # mid-epoch stop: save and leave; --resume continues from this batch
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0  # (or the schedule ended mid-epoch: the time budget)
             metrics = self._evaluate_and_keep_best() if self._eval_due() else None
+            if metrics is not None and self.cfg.objective != "classify" and self.is_main and self.out:
+                self._draw_reconstruction()
             t_save = time.time()
             self._save("last")
             # re-plan after the evaluation and the save, so the plan sees what they cost; a schedule that has ended
