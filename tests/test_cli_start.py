@@ -56,3 +56,12 @@ def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130():
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, (p.returncode, err[-2000:])
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("vitkit train: interrupted")
+
+
+def test_the_cli_reference_has_every_command():
+    """docs/reference/cli.md lacked `vitkit shard`: every command's help is generated there, and none is left out."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md").read_text()
+    missing = [c for c in COMMANDS if f"<!-- cli-help: {c} -->" not in page]
+    assert not missing, f"docs/reference/cli.md has no help for {missing}"

@@ -18,9 +18,10 @@ COMMANDS = {
     "probe": ("probe", "how good an encoder's frozen features are: a linear probe and k-NN on labelled images"),
     "predict": ("predict", "top-k classes for image files"),
     "summary": ("summary", "layer table and parameters (torchinfo), forward GFLOP per image"),
-    "inspect": ("inspect_cmd", "attention maps, rollout, attention distance, position embeddings, filters"),
+    "inspect": ("inspect_cmd", "attention maps, rollout, attention distance, position embeddings, filters, features, "
+                               "explanations, a self-supervised checkpoint's reconstructions"),
     "import": ("import_cmd", "convert timm / Hugging Face / JAX weights into a vitkit folder"),
-    "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm or Hugging Face"),
+    "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm, Hugging Face or the official JAX .npz"),
     "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
     "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
     "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "

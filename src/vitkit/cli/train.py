@@ -41,8 +41,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
     ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
     ("--clip-grad",): ("clip_grad", float, "clip the gradient norm"),
-    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | auto (the faster of "
-                                         "fp32 and bf16, timed on this run's step here; the recipes' choice)"),
+    ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | tf32 (fp32 with TF32 "
+                                         "matmuls, CUDA) | auto (the fastest of these here, timed on this run's "
+                                         "step; the recipes' choice)"),
     ("--attention",): ("attention", str, "sdpa | exact | auto (the faster, timed here)"),
     ("--device",): ("device", str, "auto | cpu | cuda | cuda:N | mps"),
     ("--threads",): ("threads", int, "CPU threads (default: measured at the start, the fewest within 10%% of the "
@@ -52,9 +53,10 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--folder-max-side",): ("folder_max_side", int, "--dataset folder: photos held in memory at up to this many "
                                                      "pixels a side (default 128, or the --img-size the model reads "
                                                      "where larger)"),
-    ("--data-mode",): ("data_mode", str, "--dataset folder: memory (decoded once, the fastest) | stream (read from "
-                                         "the files by DataLoader workers, for data larger than memory) | auto "
-                                         "(streams what would not fit in the memory this process may use)"),
+    ("--data-mode",): ("data_mode", str, "--dataset folder, shards or hf: memory (decoded once, the fastest) | "
+                                         "stream (read from the files by DataLoader workers, for data larger than "
+                                         "memory) | auto (streams what would not fit in the memory this process may "
+                                         "use)"),
     ("--workers",): ("workers", whole_number, "streaming: DataLoader worker processes (default: measured on the "
                                               "run's step)"),
     ("--max-tokens",): ("max_tokens", int, "with --naflex: the most patches an image is resized to (default: the "

@@ -81,6 +81,10 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
         else:
             name = "finetune" if finetune else dataset
+            if finetune:  # read now: the recipe's batch of 512 is fitted to the training images (_fit_accumulation)
+                probe = {**file_cfg, **given}
+                data = load_dataset(dataset, probe.get("data_dir"), probe.get("download", False),
+                                    cache_dir=probe.get("cache_dir") or default_cache_dir())
         if finetune:
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
                 "decay, cosine decay, gradient clipping at 1, new zero head; with the official code's linear warmup; "
