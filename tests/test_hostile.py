@@ -359,3 +359,24 @@ def test_shard_writes_only_into_a_new_or_empty_folder_outside_its_input(tmp_path
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["notes.txt"]
     assert main(["shard", "--data-dir", str(root), "--out", str(root / "shards")]) == 2
     assert "lies inside --data-dir" in capsys.readouterr().err and not (root / "shards").exists()
+
+
+def test_a_hub_dataset_of_several_configurations_is_refused_not_merged(tmp_path):
+    """The Hub's parquet conversion puts each configuration in <config>/<split>/: every configuration's rows were
+    read as one dataset."""
+    ds = pytest.importorskip("datasets")
+    from vitkit.data.hf import load_hf_splits
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), 3).save(buf, "PNG")
+    part = ds.Dataset.from_dict({"image": [{"bytes": buf.getvalue(), "path": None}] * 2, "label": [0, 1]},
+                                features=ds.Features({"image": ds.Image(), "label": ds.ClassLabel(names=["a", "b"])}))
+    for config in ("plain", "augmented"):
+        for split in ("train", "validation"):
+            (tmp_path / "repo" / config / split).mkdir(parents=True)
+            part.to_parquet(str(tmp_path / "repo" / config / split / "0000.parquet"))
+    with pytest.raises(ValueError, match=r"parquet files of 2 configurations \(augmented, plain\); vitkit reads one: "
+                                         r"give --data-dir .*/repo/augmented"):
+        load_hf_splits(str(tmp_path / "repo"), cache_dir=str(tmp_path / "c"))
+    d = load_hf_splits(str(tmp_path / "repo" / "plain"), cache_dir=str(tmp_path / "c"))
+    assert len(d.train) == 2 and d.classes == ["a", "b"]

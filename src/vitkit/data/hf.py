@@ -81,6 +81,11 @@ def _parquet_files(p: Path) -> dict[str, list[str]]:
     if not found:
         raise FileNotFoundError(f"{p}: no parquet files named train-*.parquet / validation-*.parquet (or under "
                                 "data/), and no save_to_disk files (dataset_dict.json)")
+    configs = sorted({Path(f).relative_to(p).parts[0] for fs in found.values() for f in fs
+                      if len(Path(f).relative_to(p).parts) == 3 and Path(f).relative_to(p).parts[1] in found})
+    if len(configs) > 1:  # the Hub's conversion of a dataset with several configurations: their rows were merged
+        raise ValueError(f"{p}: parquet files of {len(configs)} configurations ({', '.join(configs[:6])}); vitkit "
+                         f"reads one: give --data-dir {p}/{configs[0]} (or another's folder)")
     return found
 
 
