@@ -390,6 +390,26 @@ def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
         hooks.csv_pivot(str(f), "task", "cpu", "top1", "r.csv")
 
 
+def test_a_korean_page_shows_its_tables_in_korean(tmp_path: Path) -> None:
+    import results as hooks  # docs/hooks/results.py
+
+    f = tmp_path / "r.csv"
+    f.write_text("cpu,val_top1,note\n\"Intel Xeon, AMX + AVX512-BF16 (2 cores)\",91.2,nothing else running\n")
+    table = hooks.csv_table(str(f), None, "r.csv", ko=True)
+    assert table.splitlines()[:3] == ["| CPU | 검증 top-1 | 메모 |", "|---|---|---|",
+                                      "| Intel Xeon, AMX + AVX512-BF16 (코어 2개) | 91.2 | 다른 작업 없음 |"]
+    assert "출처: [`" in table and "From" not in table
+    assert hooks.csv_table(str(f), None, "r.csv").startswith("| cpu | val_top1 | note |")  # English stays
+    f.write_text("cpu,val_top1,note\nx,1,a sentence nobody translated\n")
+    with pytest.raises(hooks.Untranslated, match="column 'note', cell 'a sentence nobody translated'"):
+        hooks.csv_table(str(f), None, "r.csv", ko=True)
+    f.write_text("run,unheard_of\nlearn-seed0,1\n")  # a run name is typed, not translated; a new column needs a name
+    with pytest.raises(hooks.Untranslated, match="column 'unheard_of': no Korean name"):
+        hooks.csv_table(str(f), None, "r.csv", ko=True)
+    for page in (ROOT / "docs").rglob("*.ko.md"):  # every Korean page's tables are translated and what their CSVs hold
+        assert hooks.write_tables(page.read_text(), page) == page.read_text(), page
+
+
 # python tests/test_docs.py PAGE.md [DIR]: run one page in DIR (a new temporary folder by default; the figures it
 # draws land there) and say where it, or a translation of it, does not show what it printed; with --update, write
 # that into them (--update --refresh: the numbers of the output-varies blocks too).
