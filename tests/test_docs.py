@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,8 @@ def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_editio
     sys.path.insert(0, str(ROOT / "docs" / "hooks"))
     import annotated  # docs/hooks/annotated.py
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_MKDOCS_2_WARNING": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_MKDOCS_2_WARNING": "1",
+           "VITKIT_SITE_URL": "https://example.org/en/latest/"}  # as .github/workflows/docs.yml sets it
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-5000:]
@@ -275,10 +277,17 @@ def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_editio
     assert "None" not in sitemap and "<loc>https://" in sitemap
     assert 'href="../../ko/tutorials/vit-shape-by-shape/" hreflang="ko"' in page  # relative: any sub-path works
     assert 'href="/en/latest/ko/" hreflang="ko"' in (site / "index.html").read_text()  # site_url's own path
-    # a notebook downloaded on its own: figures embedded, links to the published site, exercises to fill in
+    # a notebook downloaded on its own: figures embedded, links to the other tutorials' notebooks (all in one zip)
+    # and to the published site, exercises to fill in
     nb = nbformat.reads((site / "tutorials" / "look-inside.ipynb").read_text(), as_version=4)
     prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    assert "../figures/" not in prose and ".md)" not in prose and "](https://" in prose, prose[:2000]
+    assert "../figures/" not in prose and ".md)" not in prose and "](https://example.org/en/latest/" in prose
+    assert "](fine-tune.ipynb)" in prose, prose[:2000]
+    with zipfile.ZipFile(site / "tutorials" / "notebooks.zip") as z:
+        assert sorted(z.namelist()) == sorted(f"vitkit-tutorials/{md.name[:-3]}.ipynb" for md in TUTORIALS)
+    with zipfile.ZipFile(site / "ko" / "tutorials" / "notebooks.zip") as z:
+        assert "vitkit-tutorials/look-inside.ko.ipynb" in z.namelist()
+    assert "notebooks.zip" in (site / "tutorials" / "look-inside" / "index.html").read_text()
     assert any(c.get("attachments") for c in nb.cells if c.cell_type == "markdown")
     answer = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("# Your answer")]
     assert answer and all(nb.cells[i + 2].metadata["jupyter"]["source_hidden"] for i in answer)
@@ -338,7 +347,8 @@ def test_no_diary_in_the_user_pages() -> None:
 def test_a_notebook_turns_exercises_into_answer_cells_and_links_to_the_site(tmp_path: Path) -> None:
     import notebooks  # docs/hooks/notebooks.py
 
-    page = ("# T\n\nSee [page 1](vit-shape-by-shape.md#an-image) and ![fig](../figures/fmnist-curves.png).\n\n"
+    page = ("# T\n\nSee [page 1](vit-shape-by-shape.md#an-image), [terms](../glossary.md#patch) and "
+            "![fig](../figures/fmnist-curves.png).\n\n"
             "```python\nprint(1)\n```\n```output\n1\n```\n\n1. Add one.\n\n/// details | Solution\n"
             "    type: success\n\nAdd it.\n\n```python\nprint(2)\n```\n```output\n2\n```\n///\n\n"
             "2. Why?\n\n/// details | Solution\n    type: success\n\nBecause.\n///\n")
@@ -348,11 +358,13 @@ def test_a_notebook_turns_exercises_into_answer_cells_and_links_to_the_site(tmp_
     assert code[0].outputs[0].text == "1\n" and "jupyter" not in code[0].metadata
     assert code[2].metadata["jupyter"] == {"source_hidden": True} and code[2].outputs[0].text == "2\n"
     prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    assert "[page 1](https://example.org/docs/tutorials/vit-shape-by-shape/#an-image)" in prose
+    assert "[page 1](vit-shape-by-shape.ipynb)" in prose  # the other tutorial's notebook, beside this one
+    assert "[terms](https://example.org/docs/glossary/#patch)" in prose
     assert "attachment:figures-fmnist-curves.png" in prose and "///" not in prose
     assert "<details><summary>Solution</summary>" in prose and "Because." in prose
     ko = notebooks.notebook(page, "tutorials/t.ko.md", "https://example.org/docs/", "ko")
-    assert "https://example.org/docs/ko/tutorials/vit-shape-by-shape/" in "".join(c.source for c in ko.cells)
+    assert "(vit-shape-by-shape.ko.ipynb)" in "".join(c.source for c in ko.cells)
+    assert "https://example.org/docs/ko/glossary/#patch" in "".join(c.source for c in ko.cells)
 
 
 def test_a_downloaded_notebook_runs_top_to_bottom(tmp_path: Path) -> None:

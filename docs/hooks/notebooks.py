@@ -7,7 +7,9 @@ in the prose.
 
 A notebook is read away from the site, downloaded on its own, so nothing in it may point next to it: the figures
 the page shows are embedded in their cells (attachments; a figure drawn at the build is linked on the published
-site instead), links to other pages go to the published site (``site_url``), and an exercise's solution (the
+site instead), a link to another tutorial goes to that tutorial's notebook beside it (``tutorials/notebooks.zip``
+holds them all, so a folder of them reads offline), a link to any other page to the published site (``site_url``),
+and an exercise's solution (the
 page's ``/// details | Solution`` block) becomes an empty cell for the reader's answer followed by the solution's
 cells, their input collapsed (JupyterLab's and Notebook 7's ``source_hidden``).
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 from pages import OUTPUT, RUN, fences, generated_file, outputs
 
 LINK = {"ko": "이 페이지를 노트북으로 받기", "en": "Download this page as a notebook"}
+ALL = {"ko": "모든 페이지", "en": "every page"}
+ZIP = {"ko": "notebooks.ko.zip", "en": "notebooks.zip"}
 ANSWER = {"ko": "# 여기에 답을 쓰세요 (풀이는 아래에 접혀 있습니다)",
           "en": "# Your answer here (the solution is below, collapsed)"}
 SOLUTION = {"ko": "**풀이** (접혀 있습니다: 펼쳐 보세요)",
@@ -83,6 +87,11 @@ def _detach(cell, src_uri: str, site_url: str, lang: str) -> None:  # type: igno
         return f"![{m['alt']}]({site_url}{path})"  # drawn at the build: on the published site
 
     def page(m: re.Match) -> str:
+        target = _site_path(src_uri, m["href"])
+        if target.startswith("tutorials/") and (DOCS / target).is_file():  # its notebook, beside this one
+            name = target.removesuffix(".md").removesuffix(".ko")
+            name += ".ko" if lang == "ko" and (DOCS / f"{name}.ko.md").is_file() else ""
+            return f"[{m['text']}]({posixpath.basename(name)}.ipynb)"
         return f"[{m['text']}]({_page_url(site_url, lang, src_uri, m['href'])}{m['anchor'] or ''})"
 
     cell.source = PAGE_LINK.sub(page, IMAGE.sub(figure, cell.source))
@@ -136,12 +145,29 @@ def _language(src_uri: str) -> str:
     return "ko" if src_uri.endswith(".ko.md") else "en"
 
 
+def _zip(notebooks: dict[str, str]) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in sorted(notebooks.items()):
+            z.writestr(f"vitkit-tutorials/{name}", text)
+    return buffer.getvalue()
+
+
 def on_files(files, config):  # type: ignore[no-untyped-def]
     import nbformat
+    made: dict[str, dict[str, str]] = {"en": {}, "ko": {}}
     for f in list(files):
         if f.src_uri.startswith("tutorials/") and f.src_uri.endswith(".md"):
-            nb = notebook(Path(f.abs_src_path).read_text(), f.src_uri, _site_url(config), _language(f.src_uri))
-            files.append(generated_file(config, f.src_uri[:-3] + ".ipynb", nbformat.writes(nb)))
+            lang = _language(f.src_uri)
+            nb = nbformat.writes(notebook(Path(f.abs_src_path).read_text(), f.src_uri, _site_url(config), lang))
+            files.append(generated_file(config, f.src_uri[:-3] + ".ipynb", nb))
+            made[lang][Path(f.src_uri).name[:-3] + ".ipynb"] = nb
+    for lang, notebooks in made.items():  # every page's notebook in one download, so their links to each other work
+        if notebooks:
+            files.append(generated_file(config, f"tutorials/{ZIP[lang]}", _zip(notebooks)))
     return files
 
 
@@ -149,9 +175,10 @@ def on_page_markdown(markdown, page, config, files):  # type: ignore[no-untyped-
     src = page.file.src_uri
     if not (src.startswith("tutorials/") and src.endswith(".md")):
         return markdown
-    name = Path(src).name[:-3] + ".ipynb"
+    name, lang = Path(src).name[:-3] + ".ipynb", _language(src)
     title, _, rest = markdown.partition("\n")
-    return f"{title}\n\n[{LINK[_language(src)]}]({name}){{ download }}\n{printed_on(src)}{rest}"
+    return (f"{title}\n\n[{LINK[lang]}]({name}){{ download }} ([{ALL[lang]}]({ZIP[lang]}){{ download }})\n"
+            f"{printed_on(src)}{rest}")
 
 
 PRINTED = {"en": "The outputs on this page were printed on {machine} with torch {torch} on {date}; the whole page "
