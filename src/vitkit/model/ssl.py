@@ -211,7 +211,7 @@ def decoder_config(encoder: ViTConfig, width: int | None = None, depth: int | No
     for ViT-B/L/H encoders, far narrower than them; vitkit keeps that for encoders of 384 wide and more, and for
     smaller ones (ViT-Ti, the small models of a 2-core CPU) takes half the encoder's width and 2 blocks with heads
     of 32, which keeps the decoder under half the encoder's compute, as He et al.'s is (their Table 1a: a decoder
-    of one block already fine-tunes within 0.3 points of eight)."""
+    of one block fine-tunes to 84.8% against eight blocks' 84.9%; the linear probe is what wants depth)."""
     big = encoder.embed_dim >= 384
     width = width or (512 if big else max(32, encoder.embed_dim // 2))
     depth = depth or (8 if big else 2)
