@@ -1,6 +1,7 @@
-"""Entry point for the torchrun tests: `vitkit train` with faults injected on one rank (test-only code).
+"""Entry point for the torchrun tests: `vitkit train` (or `pretrain`) with faults injected on one rank (test-only
+code).
 
-    torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train ...
+    torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train|pretrain ...
 """
 import gc
 import json
@@ -30,10 +31,10 @@ restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 class Faulty(trainer_mod.Trainer):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        criterion = self.criterion
+        loss_of = self.objective.loss  # the objective's loss (classify, mae, mpp): the faults reach every kind
 
-        def faulty(logits, target):
-            loss = criterion(logits, target)
+        def faulty(*args, **kwargs):
+            loss = loss_of(*args, **kwargs)
             for key in ("--nan-at", "--die-at"):
                 if key in opts:
                     step, r = (int(v) for v in opts[key].split(":"))
@@ -44,12 +45,12 @@ class Faulty(trainer_mod.Trainer):
                             loss = loss * float("nan")
             return loss
 
-        self.criterion = faulty
+        self.objective.loss = faulty
 
     def fit(self):
         result = super().fit()
         if "--dump" in opts:
-            save_file({k: v.contiguous() for k, v in self.model.state_dict().items()},
+            save_file({k: v.contiguous() for k, v in self.module.state_dict().items()},  # with an objective's parts
                       os.path.join(opts["--dump"], f"rank{rank}.safetensors"))
             with open(os.path.join(opts["--dump"], f"rank{rank}.json"), "w") as f:  # the settings this rank trained
                 json.dump({"cfg": self.cfg.to_dict(), "chosen": self.plan.chosen,

@@ -54,6 +54,19 @@ def test_two_ranks_end_identical_and_match_one_process_with_the_global_batch(tmp
 
 
 @pytest.mark.long
+def test_pretraining_runs_under_torchrun_with_the_ranks_in_step(tmp_path):
+    r = torchrun(["--dump", str(tmp_path), "--", "pretrain", "--method", "mae", "--epochs", "2", "-b", "32",
+                  "--output", str(tmp_path / "run")])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    finals = [line for line in r.stdout.splitlines() if line.startswith("final:")]
+    assert len(finals) == 1 and "val_loss=" in finals[0]  # only rank 0 prints; the objective's own score
+    a, b = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert any("decoder" in k for k in a) and any(k.startswith("encoder.") for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the encoder and the decoder, the same on both ranks
+    assert (tmp_path / "run" / "last" / "ssl.safetensors").is_file()
+
+
+@pytest.mark.long
 def test_a_killed_rank_is_restarted_and_training_resumes_from_last(tmp_path):
     out = tmp_path / "run"
     r = torchrun(["--die-at", "30:1", "--", "train", *COMMON, "-b", "32", "--output", str(out)], max_restarts=1)
