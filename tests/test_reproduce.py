@@ -90,6 +90,27 @@ def test_transfer_quick_fine_tunes_from_the_pretraining(cifar_like, tmp_path):
     assert "configs/finetune.yaml" in log
 
 
+def test_self_supervision_quick_pretrains_without_labels_and_fine_tunes_from_it(cifar_like, tmp_path, capsys):
+    out = tmp_path / "ss"
+    assert main(["reproduce", "self-supervision", "--quick", "--data-dir", str(cifar_like), "--out", str(out),
+                 "--runs", "pretrain-mae,scratch-10pct,mae-10pct"]) == 0
+    said = capsys.readouterr().out
+    rows = {r["run"]: r for r in _rows(out)}
+    assert sorted(rows) == ["mae-10pct-seed0", "mae-10pct-seed1", "pretrain-mae", "scratch-10pct-seed0",
+                            "scratch-10pct-seed1"]
+    pre = rows.pop("pretrain-mae")  # no labels, so no top-1: its own task's loss on the test images
+    assert pre["test_top1"] == "" and float(pre["test_loss"]) > 0 and "pretrain-mae: test loss" in said
+    assert pre["command"].startswith("vitkit pretrain --method mae") and pre["train_images"] == "500"
+    for r in rows.values():
+        assert r["train_images"] == "50" and 0 <= float(r["test_top1"]) <= 100  # 10% of 500, class-balanced
+        assert r["command"].startswith("vitkit train")
+    assert f"--init {out / 'runs' / 'pretrain-mae' / 'last'} --layer-decay 0.75" in rows["mae-10pct-seed1"]["command"]
+    assert "--init" not in rows["scratch-10pct-seed1"]["command"]
+    text = (out / "summary.md").read_text()
+    assert "per comparison" in text and "10% of the labels: from scratch" in text
+    assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_missing_data_is_a_message(tmp_path, capsys):
     assert main(["reproduce", "posemb", "--quick", "--out", str(tmp_path / "o")]) == 2
     assert "give --data-dir" in capsys.readouterr().err

@@ -279,15 +279,19 @@ def self_supervision_verdict(rows: list[dict[str, Any]]) -> str:
         parts.append(f"{f:.0%} of the labels: from scratch {scratch:.2f}%, MAE-pre-trained {mae:.2f}% "
                      f"({mae - scratch:+.2f})" + (f", supervised pre-training {sup:.2f}%" if sup is not None else ""))
         if f == 0.1:
-            verdict = (f" With 10% of the labels, pre-training on the images alone {'gained' if mae > scratch else 'lost'}"
-                       f" {abs(mae - scratch):.2f} points over training from scratch for the same total time.")
+            seeds = sum(r["stage"] == "target" and float(r["labels"]) == f and r["weights"] == "random" for r in rows)
+            verdict = (f" With 10% of the labels ({seeds} seed{'s' * (seeds > 1)} each), pre-training on the images "
+                       f"alone {'gained' if mae > scratch else 'lost'} {abs(mae - scratch):.2f} points over training "
+                       "from scratch for the same total time.")
     if not parts:
         return "incomplete: the fine-tuned and from-scratch runs of a share of the labels are needed"
+    pre = next((r for r in rows if r["run"] == "pretrain-mae"), None)
+    images = f"{int(float(pre['train_images'])):,} training images" if pre else "training images"
     return ("; ".join(parts) + "." + verdict + " The paper (§4.6): masked patch prediction pre-training of ViT-B/16 "
             "on JFT gave 79.9% on ImageNet, 2 points above training from scratch and 4 below supervised "
             "pre-training; He et al.'s MAE is what people pre-train with today. Here the pre-training set is the "
-            "training split's own 50,000 32x32 images and the budget minutes on a small CPU: the direction of the "
-            "effect, not its size.")
+            f"dataset's own {images} and the budget minutes on a small machine: the direction of the effect, not "
+            "its size.")
 
 
 @dataclass
@@ -299,6 +303,7 @@ class Claim:
     budget_min: float  # per run, chosen so the full claim takes about an hour on 2 CPU cores
     runs: Callable[[Setup], list[Run]]
     verdict: Callable[[list[dict[str, Any]]], str]
+    budget_per: str = "run"  # what one budget pays for, in the report's words
 
 
 CLAIMS: dict[str, Claim] = {c.name: c for c in (
@@ -323,7 +328,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           "trails supervised pre-training by 4 (ViT-B/16, ImageNet); MAE (He et al. 2021) is the method of today.",
           "model (the plain ViT), total wall-clock time per comparison (the pre-training takes 2/3 of it, the "
           "fine-tuning the rest), the labelled images of each share (class-balanced, the same for every run)", 30.0,
-          self_supervision_runs, self_supervision_verdict),
+          self_supervision_runs, self_supervision_verdict,
+          "comparison: a run from scratch gets all of it; a pre-training 2/3 (one, shared by every share and "
+          "seed), each fine-tuning from it the other 1/3"),
     Claim("patch-size", "Patch size: accuracy against training compute",
           "Table 1 / Fig. 5: a smaller patch means more tokens and more compute per image (the /14 and /16 models).",
           "model width/depth, wall-clock budget, recipe, data", 18.0, patch_size_runs, patch_size_verdict),

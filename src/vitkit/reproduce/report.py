@@ -84,7 +84,7 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
     table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     total = sum(num(r, "wall_s") for r in rows)
     budget_text = ("--quick (a tiny slice, one epoch: checks the machinery, says nothing about the claim)" if quick
-                   else f"{budget_min:g} min of wall-clock time per run")
+                   else f"{budget_min:g} min of wall-clock time per {claim.budget_per}")
     lines = [f"# `{claim.name}`: {claim.title}", "",
              f"**The paper.** {claim.paper}", "",
              f"**Ours.** {claim.verdict(rows)}", "",
@@ -92,7 +92,8 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
              f"**Budget.** {budget_text}; "
              f"{len(rows)} runs, {total / 60:.1f} min of training in all ({wall_s / 60:.1f} min in this invocation).",
              "", f"**Machine.** {machine(rows)}; Python {platform.python_version()}.", "",
-             f"**Command.** `{command}` (each run's own `vitkit train` command is in results.csv).", "",
+             f"**Command.** `{command}` (each run's own `vitkit train` or `vitkit pretrain` command is in "
+             "results.csv).", "",
              *table, ""]
     return "\n".join(lines)
 

@@ -96,13 +96,23 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     images = metrics[-1]["step"] * cfg.batch_size * cfg.grad_accum if metrics else 0
     flops = train_flops_per_image(run_dir)
-    return {"run": run.id, **run.fields, "test_top1": round(result.val_top1, 3),
+    # a pre-training run has no top-1 to report: its pretext task's loss on the test images instead
+    score = {"test_top1": round(result.val_top1, 3)} if cfg.objective == "classify" else \
+        {"test_top1": "", "test_loss": next((m["val_loss"] for m in reversed(metrics) if "val_loss" in m), "")}
+    return {"run": run.id, **run.fields, **score,
             "train_images": len(trainer.data.train), "test_images": len(trainer.data.val),
             "epochs": result.epochs,
             "train_images_seen": images, "gflop_per_train_image": float(f"{flops / 1e9:.4g}"),
             "train_pflop": float(f"{flops * images / 1e15:.4g}"), "elapsed_s": round(result.elapsed_s, 1),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
             "precision": cfg.precision, "command": run.command()}
+
+
+def said(row: dict[str, Any]) -> str:
+    """A finished run's result in words: its test top-1, or a pre-training's loss on its own task."""
+    if row.get("test_top1") not in ("", None):
+        return f"test top-1 {float(row['test_top1']):.2f}%"
+    return f"test loss {float(row['test_loss']):.4f} (the pre-training's own task)"
 
 
 def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = True,
@@ -122,7 +132,7 @@ def sweep(runs: list[Run], out: Path, common: dict[str, Any], progress: bool = T
         rows.append(row)
         write_rows(path, rows)
         bar.update(1)
-        bar.write(f"{run.id}: test top-1 {row['test_top1']:.2f}% ({row['epochs']} epochs, {row['elapsed_s']:.0f} s)")
+        bar.write(f"{run.id}: {said(row)} ({row['epochs']} epochs, {row['elapsed_s']:.0f} s)")
     bar.close()
     order = {r.id: i for i, r in enumerate(runs)}
     return sorted(rows, key=lambda r: order.get(r["run"], len(order)))
