@@ -89,7 +89,7 @@ def _with(settings: dict[str, Any], *layers: dict[str, Any], **model_args: Any) 
     return out
 
 
-# ------------------------------------------------------------------------------------------ the four claims
+# ------------------------------------------------------------------------------------------ the claims
 FRACTIONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -162,7 +162,8 @@ def self_supervision_runs(s: Setup) -> list[Run]:
     and fine-tuned from each pre-training for what is left of it."""
     vit = models(s.dataset, s.quick)["vit"]
     total = s.budget
-    pre_b, ft_b = (total * PRETRAIN_SHARE, total * (1 - PRETRAIN_SHARE)) if total else (None, None)
+    pre_b = round(total * PRETRAIN_SHARE, 2) if total else None  # to 0.01 min: the command states it exactly
+    ft_b = round(total - pre_b, 2) if total else None
     runs_dir = s.out / "runs"
     common = {**FINETUNE, **({"batch_size": 8} if s.quick else {})}
     runs = [Run("pretrain-mae", _with(s.data, vit, {"objective": "mae"}, s.fraction(1.0), s.train_settings()),

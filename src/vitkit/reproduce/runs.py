@@ -41,6 +41,8 @@ def train_flags(settings: dict[str, Any]) -> list[str]:
                 flag = MODEL_FLAG_NAMES.get(mk, "--" + mk.replace("_", "-"))
                 out += [flag, *(str(x) for x in mv)] if isinstance(mv, (tuple, list)) else \
                     [flag, "none" if mv is None else str(mv)]
+        elif k == "tiers" and v is None:
+            out.append("--no-tiers")  # the recipe's tiers off: the run trains the settings it states
         elif isinstance(v, bool):
             out.append(("--" if v else "--no-") + k.replace("_", "-"))
         else:
