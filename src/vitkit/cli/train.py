@@ -40,7 +40,7 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--cutmix",): ("cutmix", float, "CutMix alpha (0 = off)"),
     ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
     ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
-    ("--clip-grad",): ("clip_grad", float, "clip the gradient norm"),
+    ("--clip-grad",): ("clip_grad", float, "clip the gradient norm at this value (0: no clipping)"),
     ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | tf32 (fp32 with TF32 "
                                          "matmuls, CUDA) | auto (the fastest of these here, timed on this run's "
                                          "step; the recipes' choice)"),

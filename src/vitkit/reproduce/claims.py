@@ -154,6 +154,18 @@ PRETRAIN_SHARE = 2 / 3  # of each comparison's total budget, what the pre-traini
 # dataset recipe's augmentation and label smoothing; the runs from scratch take the same but the decay.
 FINETUNE = {"opt": "adamw", "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 1.0, "smoothing": 0.1,
             "batch_size": 128, "tiers": None}
+# What configs/finetune.yaml (the recipe --init switches to) sets and FINETUNE does not, with TrainConfig's defaults:
+# the fine-tuning takes them from the dataset's recipe, as the run from scratch does (left to finetune.yaml, the
+# fine-tuning trained without random crops, clipped, and at 4x the batch: a quarter of the optimiser steps).
+RECIPE_KEYS = {"grad_accum": 1, "crop_padding": 0, "clip_grad": 0.0, "min_lr": 1e-5}
+
+
+def dataset_recipe(dataset: str) -> dict[str, Any]:
+    """The ``RECIPE_KEYS`` as ``configs/<dataset>.yaml`` has them."""
+    from ..training.config import read_recipe  # torch: only when a claim's runs are made
+
+    own = read_recipe(dataset)
+    return {k: own.get(k, v) for k, v in RECIPE_KEYS.items()}
 
 
 def self_supervision_runs(s: Setup) -> list[Run]:
@@ -165,7 +177,7 @@ def self_supervision_runs(s: Setup) -> list[Run]:
     pre_b = round(total * PRETRAIN_SHARE, 2) if total else None  # to 0.01 min: the command states it exactly
     ft_b = round(total - pre_b, 2) if total else None
     runs_dir = s.out / "runs"
-    common = {**FINETUNE, **({"batch_size": 8} if s.quick else {})}
+    common = {**FINETUNE, **dataset_recipe(s.dataset), **({"batch_size": 8} if s.quick else {})}
     runs = [Run("pretrain-mae", _with(s.data, vit, {"objective": "mae"}, s.fraction(1.0), s.train_settings()),
                 {"stage": "pre-train", "labels": 0.0, "weights": "MAE, no labels", "seed": 0}, pre_b),
             Run("pretrain-supervised", _with(s.data, vit, common, s.fraction(1.0), s.train_settings()),

@@ -145,7 +145,7 @@ class TrainConfig:
                 ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
                 ("body_lr_scale", 0, None, False, False), ("train_fraction", 0, 1, True, False),
                 ("momentum", 0, 1, False, True), ("weight_decay", 0, None, False, False),
-                ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, True, False),
+                ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, False, False),
                 ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),
                 ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
                 ("model_ema_decay", 0, 1, True, True), ("mask_ratio", 0, 1, True, True), ("blr", 0, None, True, False),
