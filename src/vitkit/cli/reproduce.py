@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     dataset = "cifar10" if claim.name == "transfer" else args.dataset
     budget = args.budget_min or claim.budget_min
     setup = Setup(data_settings(dataset, args.data_dir), dataset, budget, args.quick, target, out)
-    runs = claim.runs(setup)
+    runs = every = claim.runs(setup)
     if args.runs:
         wanted = tuple(p.strip() for p in args.runs.split(",") if p.strip())
         chosen = [r for r in runs if r.id.startswith(wanted)]
@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     figure(claim, rows, out / "figure.png", args.quick)
-    (out / "summary.md").write_text(summary(claim, rows, time.time() - start, args.quick, budget, command))
+    done = {r["run"] for r in rows}
+    (out / "summary.md").write_text(summary(claim, rows, time.time() - start, args.quick, budget, command,
+                                            [r.id for r in every if r.id not in done]))
     print(f"wrote {out / 'results.csv'}, {out / 'figure.png'}, {out / 'summary.md'}")
     print(claim.verdict(rows))
     return 0

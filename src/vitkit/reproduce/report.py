@@ -78,7 +78,7 @@ def _log_x_at(ax, values: list[float], fmt: str) -> None:  # type: ignore[no-unt
 
 
 def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool, budget_min: float,
-            command: str) -> str:
+            command: str, not_run: list[str] | None = None) -> str:
     cols = [c for c in rows[0] if c not in ("command", "claim", "held_equal", "cpu", "cores", "torch")] if rows else []
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     table += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -94,6 +94,8 @@ def summary(claim: Claim, rows: list[dict[str, Any]], wall_s: float, quick: bool
              "", f"**Machine.** {machine(rows)}; Python {platform.python_version()}.", "",
              f"**Command.** `{command}` (each run's own `vitkit train` or `vitkit pretrain` command is in "
              "results.csv).", "",
+             *([f"**Not run.** {', '.join(not_run)} (`--runs` left them out): the verdict speaks of the runs above "
+                "only.", ""] if not_run else []),
              *table, ""]
     return "\n".join(lines)
 
