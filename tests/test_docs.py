@@ -285,9 +285,11 @@ def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_editio
     assert "](fine-tune.ipynb)" in prose, prose[:2000]
     with zipfile.ZipFile(site / "tutorials" / "notebooks.zip") as z:
         assert sorted(z.namelist()) == sorted(f"vitkit-tutorials/{md.name[:-3]}.ipynb" for md in TUTORIALS)
-    with zipfile.ZipFile(site / "ko" / "tutorials" / "notebooks.zip") as z:
+    with zipfile.ZipFile(site / "tutorials" / "notebooks.ko.zip") as z:  # the Korean notebooks, in a zip of their own
         assert "vitkit-tutorials/look-inside.ko.ipynb" in z.namelist()
-    assert "notebooks.zip" in (site / "tutorials" / "look-inside" / "index.html").read_text()
+    assert 'href="../notebooks.zip"' in (site / "tutorials" / "look-inside" / "index.html").read_text()
+    ko_page = (site / "ko" / "tutorials" / "look-inside" / "index.html").read_text()
+    assert 'href="../../../tutorials/notebooks.ko.zip"' in ko_page  # from ko/tutorials/look-inside/ to that zip
     assert any(c.get("attachments") for c in nb.cells if c.cell_type == "markdown")
     answer = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("# Your answer")]
     assert answer and all(nb.cells[i + 2].metadata["jupyter"]["source_hidden"] for i in answer)

@@ -100,10 +100,11 @@ def test_self_supervision_quick_pretrains_without_labels_and_fine_tunes_from_it(
                             "scratch-10pct-seed1"]
     pre = rows.pop("pretrain-mae")  # no labels, so no top-1: its own task's loss on the test images
     assert pre["test_top1"] == "" and float(pre["test_loss"]) > 0 and "pretrain-mae: test loss" in said
-    assert pre["command"].startswith("vitkit pretrain --method mae") and pre["train_images"] == "500"
+    assert pre["command"].startswith("vitkit pretrain --method mae")
+    assert len({r["train_images"] for r in rows.values()}) == 1  # every labelled run trains on the same images
     for r in rows.values():
-        assert r["train_images"] == "50" and 0 <= float(r["test_top1"]) <= 100  # 10% of 500, class-balanced
-        assert r["command"].startswith("vitkit train")
+        assert 0 <= float(r["test_top1"]) <= 100 and r["command"].startswith("vitkit train")
+        assert "--train-fraction" in r["command"] and "--grad-accum 1 --crop-padding" in r["command"]
     assert f"--init {out / 'runs' / 'pretrain-mae' / 'last'} --layer-decay 0.75" in rows["mae-10pct-seed1"]["command"]
     assert "--init" not in rows["scratch-10pct-seed1"]["command"]
     text = (out / "summary.md").read_text()
