@@ -95,17 +95,17 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
                              f"command: {run.command()}") from None
     metrics = read_metrics(run_dir / "metrics.jsonl")
     images = metrics[-1]["step"] * cfg.batch_size * cfg.grad_accum if metrics else 0
-    # the classifier's FLOPs; a pre-training's step is another model (MAE's encoder sees a quarter of the patches)
-    flops = train_flops_per_image(run_dir) if cfg.objective == "classify" else None
-    # a pre-training run has no top-1 to report: its pretext task's loss on the test images instead
-    score = {"test_top1": round(result.val_top1, 3)} if cfg.objective == "classify" else \
-        {"test_top1": "", "test_loss": next((m["val_loss"] for m in reversed(metrics) if "val_loss" in m), "")}
+    if cfg.objective == "classify":
+        flops = train_flops_per_image(run_dir)
+        score = {"test_top1": round(result.val_top1, 3)}
+        cost = {"gflop_per_train_image": float(f"{flops / 1e9:.4g}"),
+                "train_pflop": float(f"{flops * images / 1e15:.4g}")}
+    else:  # a pre-training: no top-1, its own task's loss on the test images; its step is not the classifier's
+        score = {"test_top1": "", "test_loss": next((m["val_loss"] for m in reversed(metrics) if "val_loss" in m), "")}
+        cost = {"gflop_per_train_image": "", "train_pflop": ""}
     return {"run": run.id, **run.fields, **score,
             "train_images": len(trainer.data.train), "test_images": len(trainer.data.val),
-            "epochs": result.epochs,
-            "train_images_seen": images,
-            "gflop_per_train_image": float(f"{flops / 1e9:.4g}") if flops is not None else "",
-            "train_pflop": float(f"{flops * images / 1e15:.4g}") if flops is not None else "", "elapsed_s": round(result.elapsed_s, 1),
+            "epochs": result.epochs, "train_images_seen": images, **cost, "elapsed_s": round(result.elapsed_s, 1),
             "wall_s": round(time.time() - t, 1), "budget_min": run.budget_min or "",
             "precision": cfg.precision, "command": run.command()}
 
