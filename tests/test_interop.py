@@ -153,14 +153,20 @@ def test_official_npz_loads_and_matches_timms_reader(tmp_path, layout, pool):
         assert (back(x) - ours(x)).abs().max() <= 1e-6
 
 
-def test_npz_with_a_representation_layer_drops_its_head(tmp_path):
+def test_npz_with_a_representation_layer_keeps_it_before_its_head(tmp_path):
     ours = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=5)
     path = tmp_path / "i21k.npz"
     to_jax_npz(ours, path)
     w = dict(np.load(path))
-    w["pre_logits/kernel"], w["pre_logits/bias"] = np.zeros((192, 192), np.float32), np.zeros(192, np.float32)
+    w["pre_logits/kernel"], w["pre_logits/bias"] = np.zeros((192, 96), np.float32), np.zeros(96, np.float32)
+    w["head/kernel"] = np.zeros((96, 5), np.float32)
     np.savez(path, **w)
-    assert from_jax_npz(path).config.num_classes == 0
+    got = from_jax_npz(path)
+    assert got.config.num_classes == 5 and got.config.representation_size == 96
+    w.pop("head/kernel"), w.pop("head/bias")
+    np.savez(path, **w)
+    with pytest.raises(ValueError, match="pre_logits layer .* without the head"):
+        from_jax_npz(path)
 
 
 # ------------------------------------------------------------------------------------------------ errors, safety

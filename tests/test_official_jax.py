@@ -149,12 +149,23 @@ def test_hybrid_agrees_with_timm_r26(tmp_path):
     t.load_state_dict(vitkit.interop.to_timm(model))  # and the state dict moves as it is
 
 
-def test_pre_logits_dropped_by_rule(tmp_path):
-    params, x, _ = init(vt(representation_size=16))
-    model = vitkit.load(save(tmp_path, ref.flatten(params)))
-    assert model.config.num_classes == 0  # features: the head sat on the dropped representation layer
-    new = vitkit.load(tmp_path / "w.npz", num_classes=3)
-    assert torch.count_nonzero(new.head.weight) == 0
+def test_pre_logits_layer_reads_as_the_official_model_and_goes_on_fine_tuning(tmp_path):
+    """§3.1's pre-training head (the official code's representation_size: Dense + tanh, then the head): the same
+    logits as the official model; fine-tuning for other classes replaces both with one zero D x K layer."""
+    params, x, want = init(vt(representation_size=16))
+    path = save(tmp_path, ref.flatten(params))
+    model = vitkit.load(path)
+    assert model.config.representation_size == 16 and model.head.in_features == 16
+    np.testing.assert_allclose(logits(model, x), want, atol=TOL, rtol=TOL)
+    back = tmp_path / "back.npz"
+    vitkit.interop.to_jax_npz(model, back)  # and written back in the released layout, pre_logits and all
+    assert {"pre_logits/kernel", "pre_logits/bias"} <= set(np.load(back))
+    np.testing.assert_allclose(logits(vitkit.load(back), x), want, atol=TOL, rtol=TOL)
+    new = vitkit.load(path, num_classes=3)
+    assert new.config.representation_size is None and not hasattr(new.pre_logits, "fc")
+    assert new.head.weight.shape == (3, model.config.embed_dim) and torch.count_nonzero(new.head.weight) == 0
+    with pytest.raises(ValueError, match="pre-training head's hidden layer.*representation_size=16"):
+        vitkit.interop.to_timm(model)
 
 
 def test_unread_and_missing_keys_are_errors(tmp_path):

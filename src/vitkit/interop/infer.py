@@ -83,6 +83,7 @@ def infer_config(sd: dict[str, torch.Tensor], source: str, **known: Any) -> ViTC
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim if depth else 4.0,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         fc_norm="fc_norm.weight" in sd, hybrid=hybrid,
+        representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
         pos_embed="learn" if "pos_embed" in sd else "none", **after)
     if "pos_embed" in sd:
         no_embed = known.get("no_embed_class")

@@ -12,7 +12,8 @@ The layout is read off which keys are present, never guessed from one of them:
                model), or none: big_vision's fixed 2-D sin-cos (``posemb='sincos2d'``, rebuilt here);
   pooling      ``cls`` (class token), ``MAPHead_0/`` (attention pooling) or neither (mean of the tokens);
   hybrid       ``conv_root``, ``gn_root``, ``blockI/unitJ/`` (the R+ViT models' ResNet, see model/resnetv2.py);
-  head         ``head``; an i21k ``pre_logits`` layer (Dense + tanh) is dropped with the head on it (named rule).
+  head         ``head``; an i21k ``pre_logits`` layer (Dense + tanh, §3.1's pre-training MLP head) is
+               ``pre_logits.fc`` (``representation_size``); fine-tuning for new classes drops it with the head.
 Every key is read or dropped by a named rule; a file with anything else is refused, naming the keys.
 
 q/k/v kernels are (D, heads, head_dim), the output kernel (heads, head_dim, D), convolutions (kh, kw, in, out).
@@ -43,7 +44,6 @@ IMG_SIZE_KEY = "vitkit/img_size"
 
 SUPPORTED = ("vision_transformer (original, AugReg, Linen; R+ViT hybrids) and big_vision ViTs (learn/sincos2d "
              "position embeddings; tok/gap/map pooling; scanned or not)")
-PRE_LOGITS_RULE = "the i21k representation layer (pre_logits, Dense + tanh) and the head on it: fine-tune a new head"
 OLD_NUMBERING = ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3")  # what we write
 
 
@@ -94,7 +94,7 @@ def detect_layout(w: dict[str, np.ndarray], source: str) -> Layout:
     return Layout(p, blocks, ln1, by_kind["MultiHeadDotProductAttention"][0], ln2, by_kind["MlpBlock"][0])
 
 
-def _one_to_one(L: Layout, hybrid: tuple[int, ...] | None, pool: str, head: bool,
+def _one_to_one(L: Layout, hybrid: tuple[int, ...] | None, pool: str, head: bool, pre_logits: bool = False,
                 ) -> Iterator[tuple[str, str, int | None, str]]:
     """(vitkit key, JAX key, scan index, kind) of the parameters that map one to one; kind says how the array turns:
     'copy', 'dense' (in, out -> out, in) or 'conv' (kh kw in out -> out in kh kw)."""
@@ -125,6 +125,9 @@ def _one_to_one(L: Layout, hybrid: tuple[int, ...] | None, pool: str, head: bool
     if head:
         yield "head.weight", p + "head/kernel", None, "dense"
         yield "head.bias", p + "head/bias", None, "copy"
+    if pre_logits:
+        yield "pre_logits.fc.weight", p + "pre_logits/kernel", None, "dense"
+        yield "pre_logits.fc.bias", p + "pre_logits/bias", None, "copy"
     if hybrid is not None:
         r = "patch_embed.backbone."
         root = r + ("stem." if hybrid else "")  # the root alone is the whole backbone
@@ -196,9 +199,10 @@ def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any =
                          "(big_vision's NaFlex variable-resolution models), a layout vitkit does not read")
     hybrid = _hybrid_layers(w, p)
     pool = "cls" if p + "cls" in w else "map" if p + "MAPHead_0/probe" in w else "gap"
-    if p + "pre_logits/kernel" in w:
-        ledger.drop([k for k in w if k.startswith((p + "pre_logits/", p + "head/"))], PRE_LOGITS_RULE)
     head = p + "head/kernel" in ledger.left
+    if p + "pre_logits/kernel" in w and not head:
+        raise ValueError(f"{source}: a pre_logits layer (§3.1's pre-training head: Dense + tanh) without the head "
+                         "that reads it")
 
     def get(key: str, idx: int | None = None) -> np.ndarray:
         if key not in w:
@@ -208,7 +212,8 @@ def jax_to_vitkit(w: dict[str, np.ndarray], source: str = "npz", img_size: Any =
         a = np.asarray(w[key])
         return a[idx] if idx is not None else a
 
-    sd = {ours: _to_torch(get(theirs, idx), kind) for ours, theirs, idx, kind in _one_to_one(L, hybrid, pool, head)}
+    sd = {ours: _to_torch(get(theirs, idx), kind)
+          for ours, theirs, idx, kind in _one_to_one(L, hybrid, pool, head, p + "pre_logits/kernel" in w)}
     heads = None
     for ours, a, idx, names in _attention(L, pool):
         qkv = [_to_torch(get(f"{a}{n}/kernel", idx), "copy") for n in ("query", "key", "value")]  # d h e each
@@ -291,7 +296,7 @@ def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
     """Write ``model`` in the layout of the released vision_transformer files (which that code, big_vision's
     loader and timm read), with big_vision's ``MAPHead_0`` for attention pooling."""
     c: ViTConfig = model.config
-    c.refuse_after_paper("the official npz layout (vision_transformer)")
+    c.refuse_after_paper("the official npz layout (vision_transformer)", pre_logits=True)
     if c.fc_norm or c.pos_embed == "sincos2d" or (c.hybrid and not c.hybrid.startswith("resnetv2")):
         raise ValueError("only ViTs without fc_norm, sincos2d or a non-official hybrid stem have the official npz "
                          f"layout (this one: fc_norm={c.fc_norm}, pos_embed={c.pos_embed!r}, hybrid={c.hybrid!r})")
@@ -299,7 +304,7 @@ def to_jax_npz(model: VisionTransformer, path: str | Path) -> None:
     L = Layout("", [(f"Transformer/encoderblock_{i}/", None) for i in range(c.depth)], *OLD_NUMBERING)
     hybrid = resnetv2_layers(c.hybrid) if c.hybrid else None
     w = {theirs: _to_numpy(sd[ours], kind) for ours, theirs, _, kind in
-         _one_to_one(L, hybrid, c.pool, "head.weight" in sd)}
+         _one_to_one(L, hybrid, c.pool, "head.weight" in sd, "pre_logits.fc.weight" in sd)}
     H, D = c.num_heads, c.embed_dim
     for ours, a, _, names in _attention(L, c.pool):
         weight = sd[ours + ("q.weight" if names == ("query",) else "qkv.weight")]

@@ -15,7 +15,8 @@ from .registry import PRETRAINED, Pretrained, get_pretrained
 
 LABEL_FILES = {"imagenet-1k": "imagenet1k_labels.txt"}
 ARCH_KEYS = ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "pool",
-             "pos_embed", "fc_norm", "hybrid", "dist_token", "reg_tokens", "no_embed_class", "layer_scale", "qk_norm")
+             "pos_embed", "fc_norm", "representation_size", "hybrid", "dist_token", "reg_tokens", "no_embed_class",
+             "layer_scale", "qk_norm")
 
 
 def _arch(c: Any, key: str) -> Any:

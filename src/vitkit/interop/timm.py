@@ -99,6 +99,7 @@ def from_timm(state_dict_or_model: Any, **known: Any) -> VisionTransformer:
 def to_timm(model: VisionTransformer) -> dict[str, torch.Tensor]:
     """The timm state dict of ``model`` (load it into ``timm.create_model(<same preset>, ...)``)."""
     c = model.config
+    c.refuse_pre_logits("timm's VisionTransformer (since timm 0.6)")
     if c.hybrid and not c.hybrid.startswith("resnetv2"):
         raise ValueError(f"hybrid={c.hybrid!r}: only the official R+ViT hybrids (hybrid='resnetv2:...') have a timm "
                          "equivalent; export safetensors or onnx instead")

@@ -54,6 +54,11 @@ class ViTConfig:
     pool: str = "cls"
     pos_embed: str = "learn"
     fc_norm: bool = False
+    # §3.1: "The classification head is implemented by a MLP with one hidden layer at pre-training time and by a
+    # single linear layer at fine-tuning time." The hidden layer, Dense + tanh of this width (the official code's
+    # ``representation_size`` and ``pre_logits``, big_vision's ``rep_size``); None: the single linear layer.
+    # Fine-tuning for other classes drops it with the head (model/hub.py), as the paper does.
+    representation_size: int | None = None
     hybrid: str | None = None
     # DeiT (Touvron et al. 2021): a distillation token beside the class token, read by its own head; the two
     # heads' logits are averaged.
@@ -128,6 +133,7 @@ class ViTConfig:
         check_range("ViTConfig", "mlp_ratio", self.mlp_ratio, 0, 64, lo_open=True)
         check_range("ViTConfig", "layer_norm_eps", self.layer_norm_eps, 0, 1, lo_open=True)
         check_range("ViTConfig", "reg_tokens", self.reg_tokens, 0, 256)
+        check_range("ViTConfig", "representation_size", self.representation_size, 1, 65536)
         check_range("ViTConfig", "layer_scale", self.layer_scale, 0, 10, lo_open=True)
         for name in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "proj_drop_rate", "drop_path_rate"):
             check_range("ViTConfig", name, getattr(self, name), 0, 1, hi_open=True)
@@ -155,11 +161,27 @@ class ViTConfig:
         """The additions made after the paper that this config uses, by field name ([] for the paper's ViT)."""
         return [name for name in AFTER_PAPER if getattr(self, name) not in (False, 0, None)]
 
-    def refuse_after_paper(self, fmt: str) -> None:
-        """Raise, naming them, if this config uses additions ``fmt``'s model class cannot hold."""
+    def refuse_after_paper(self, fmt: str, pre_logits: bool = False) -> None:
+        """Raise, naming them, if this config uses additions ``fmt``'s model class cannot hold, or (unless
+        ``fmt`` has a place for it: ``pre_logits``) the pre-training head's hidden layer."""
         if used := self.after_paper():
             raise ValueError(f"{fmt} has no {', '.join(used)} (additions after the paper, in this model): export "
                              "timm, safetensors or onnx instead")
+        if not pre_logits:
+            self.refuse_pre_logits(fmt)
+
+    def refuse_pre_logits(self, fmt: str) -> None:
+        """Raise if this config has the pre-training head's hidden layer, which ``fmt`` has no place for."""
+        if self.representation_size:
+            raise ValueError(f"{fmt} has no pre-training head's hidden layer (representation_size="
+                             f"{self.representation_size}: §3.1's MLP head, Dense + tanh before the classifier): "
+                             "export safetensors, onnx or the official npz layout, or fine-tune first (the new head "
+                             "replaces it)")
+
+    @property
+    def head_width(self) -> int:
+        """The classifier's input width: the pre-training head's hidden layer where there is one, else D."""
+        return self.representation_size or self.embed_dim
 
     @property
     def input_stride(self) -> int:

@@ -50,11 +50,13 @@ def adapt_state_dict(state: dict[str, torch.Tensor], src: ViTConfig, dst: ViTCon
     if "pos_embed" in state and src.img_size != dst.img_size:
         state["pos_embed"] = resample_pos_embed(state["pos_embed"], dst.grid_size, src.pos_prefix_tokens,
                                                 src.grid_size)
-    if src.num_classes != dst.num_classes:
+    if src.representation_size and not dst.representation_size:
+        state = {k: v for k, v in state.items() if not k.startswith("pre_logits.")}
+    if src.num_classes != dst.num_classes or src.head_width != dst.head_width:
         for head in HEADS[:1 + dst.dist_token]:  # DeiT's distillation head starts anew beside the class head
             state.pop(f"{head}.weight", None), state.pop(f"{head}.bias", None)
             if dst.num_classes > 0:
-                state[f"{head}.weight"] = torch.zeros(dst.num_classes, dst.embed_dim)
+                state[f"{head}.weight"] = torch.zeros(dst.num_classes, dst.head_width)
                 state[f"{head}.bias"] = torch.zeros(dst.num_classes)
     return state
 
@@ -69,6 +71,9 @@ def build_adapted(src: ViTConfig, state: dict[str, torch.Tensor], source: str,
     """A model of ``src`` changed by ``overrides`` holding ``state`` (written for ``src``): the image size and class
     count may change (resampled position embeddings, new zero head); other keys must stay as the weights say."""
     dst = src.replace(**overrides)
+    if dst.num_classes != src.num_classes and src.representation_size:
+        # §3.1: fine-tuning removes the pre-training head, hidden layer and all, for one zero-initialised D x K layer
+        dst = dst.replace(representation_size=None)
     for k in overrides:
         if k not in ADAPTABLE and getattr(src, k) != getattr(dst, k):
             raise ValueError(f"{source}: {k}={getattr(src, k)!r} in the weights cannot become {getattr(dst, k)!r}; "
