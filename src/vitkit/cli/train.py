@@ -17,6 +17,9 @@ from .common import add_data_flags, add_model_flags, model_overrides, positive_i
 
 # flag -> TrainConfig field (type, help); every default is "not given" so layering works
 TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
+    ("--recipe",): ("recipe", str, "a shipped recipe by name (src/vitkit/configs/NAME.yaml; a name not shipped "
+                                   "lists them) instead of the one the dataset or its images call for, e.g. "
+                                   "imagenet-vit-s16 for ImageNet shards"),
     ("--init",): ("init", str, "fine-tune from weights: a registered NAME.TAG (`vitkit models --pretrained`), a Hub "
                                "id, a URL, a vitkit folder, a timm/HF folder or file, or a JAX .npz; picks the "
                                "paper's fine-tuning recipe (configs/finetune.yaml)"),
@@ -39,7 +42,14 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--mixup",): ("mixup", float, "MixUp alpha (0 = off)"),
     ("--cutmix",): ("cutmix", float, "CutMix alpha (0 = off)"),
     ("--aa",): ("aa", str, "rand | trivial (RandAugment / TrivialAugmentWide)"),
+    ("--aa-magnitude",): ("aa_magnitude", int, "RandAugment's strength out of 10 (10: big_vision's randaug(2, 10), "
+                                                 "timm's rand-m10; default torchvision's, about 3)"),
     ("--crop-padding",): ("crop_padding", int, "random crop with this zero padding"),
+    ("--crop-pct",): ("crop_pct", float, "photos: evaluate on the centre img_size crop of the image resized to "
+                                         "img_size / CROP_PCT on its short side (0.875: 224 of 256)"),
+    ("--inception-crop",): ("inception_crop", float, "photos, streamed: each training image a random crop of at "
+                                                     "least this share of its area, aspect 3/4 to 4/3, resized to "
+                                                     "img_size (0.05: big_vision's, 0.08: torchvision's)"),
     ("--clip-grad",): ("clip_grad", float, "clip the gradient norm at this value (0: no clipping)"),
     ("--precision",): ("precision", str, "fp32 | bf16 | fp16 (fp16 with GradScaler, CUDA) | tf32 (fp32 with TF32 "
                                          "matmuls, CUDA) | auto (the fastest of these here, timed on this run's "

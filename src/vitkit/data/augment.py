@@ -34,16 +34,22 @@ class BatchAugment:
     """uint8 batch -> normalised float batch (and soft targets when MixUp/CutMix are on).
 
     ``aa``: ``"rand"`` (RandAugment) or ``"trivial"`` (TrivialAugmentWide) from torchvision v2, applied to groups of
-    ``aa_group`` images so that each group draws its own operation.
+    ``aa_group`` images so that each group draws its own operation. ``aa_magnitude``: RandAugment's strength on the
+    scale of 10 that AutoAugment's code, big_vision (``randaug(2, 10)``) and timm (``rand-m10``) use, where 10 is
+    each operation's strongest; torchvision's own scale has 31 steps (its default 9 is about 3 of 10).
+    MixUp (``mixup``: Beta(alpha, alpha), each image mixed with the batch's next, labels likewise) is big_vision's
+    ``mixup(p=alpha)``.
     """
 
     def __init__(self, mean: list[float], std: list[float], img_size: tuple[int, int], num_classes: int,
                  crop_padding: int = 0, hflip: bool = False, aa: str | None = None, aa_group: int = 8,
-                 mixup: float = 0.0, cutmix: float = 0.0) -> None:
+                 mixup: float = 0.0, cutmix: float = 0.0, aa_magnitude: int | None = None) -> None:
         self.mean = torch.tensor(mean).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(std).view(1, -1, 1, 1) * 255
         self.img_size, self.crop_padding, self.hflip, self.aa_group = tuple(img_size), crop_padding, hflip, aa_group
-        self.aa = {None: None, "none": None, "rand": v2.RandAugment(), "trivial": v2.TrivialAugmentWide()}[aa]
+        rand = v2.RandAugment() if aa_magnitude is None else \
+            v2.RandAugment(magnitude=aa_magnitude, num_magnitude_bins=11)  # step 10 of 0..10: the strongest
+        self.aa = {None: None, "none": None, "rand": rand, "trivial": v2.TrivialAugmentWide()}[aa]
         mix = ([v2.MixUp(alpha=mixup, num_classes=num_classes)] if mixup > 0 else []) + \
               ([v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
         self.mix = v2.RandomChoice(mix) if mix else None

@@ -5,6 +5,7 @@ unreadable is named, and the decoded tensors are cached under a key that changes
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -292,6 +293,13 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
     estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], prep)
+    if crop is not None and "train_area" in crop:  # a new random crop of every training image each epoch
+        if mode == "memory":
+            raise ValueError(f"{path}: inception_crop cuts each training photo anew as it is read, so its files are "
+                             "streamed: --data-mode stream or auto, not memory")
+        if mode == "auto":
+            say(f"{path}: streamed from the files (inception_crop cuts each training image anew every epoch)")
+        mode = "stream"
     if mode == "memory":
         check_fits_in_memory(path, *estimate)
     elif mode == "auto":
@@ -318,8 +326,9 @@ def _streamed(path: str, reader: Reader, listing: Listing, classes: list[str], p
               skip_bad_images: bool) -> DataSplits:
     """The splits read from their files as the run goes (data/stream.py), each image prepared as ``_decoded``
     prepares it."""
-    splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64), prep,
-                             channels, skip_bad_images) for s in listing.names]
+    splits = [StreamedImages(reader, listing.names[s], torch.tensor(listing.labels[s], dtype=torch.int64),
+                             dataclasses.replace(prep, train=s == "train"), channels, skip_bad_images)
+              for s in listing.names]
     h, w = prep.size  # type: ignore[misc]
     return DataSplits(path, splits[0], splits[1], classes, len(listing.skipped),
                       how=f"streamed from the files at {h}x{w}x{channels}")

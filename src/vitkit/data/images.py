@@ -143,6 +143,18 @@ def crop_decode_side(spec: dict[str, Any]) -> int:
     return 4 * math.ceil(max(spec["img_size"]) / (spec["crop_pct"] or 1.0))
 
 
+def inception_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, PIL image -> PIL image
+    """A training image as ImageNet training cuts it (Szegedy et al. 2015's "inception crop"; big_vision's
+    ``inception_crop``, torchvision's RandomResizedCrop): a random box of ``spec["train_area"]`` of the image's
+    area and an aspect ratio in [3/4, 4/3], resized to ``img_size``. Drawn from torch's generator, which a
+    DataLoader seeds in each worker from the run's seed: a new crop every epoch, the same ones for the same seed."""
+    from torchvision.transforms import v2
+
+    crop = v2.RandomResizedCrop(tuple(spec["img_size"]), scale=tuple(spec["train_area"]), ratio=(3 / 4, 4 / 3),
+                                interpolation=v2.InterpolationMode(spec["interpolation"]))
+    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), crop])
+
+
 def resize_and_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, PIL image -> PIL image
     """timm's evaluation geometry for ``spec`` (``crop_spec``): 8-bit L or RGB, the short side resized to size /
     crop_pct, the centre cropped (``crop_mode="squash"``: both sides resized). Training folders, predict, serve and

@@ -3,7 +3,9 @@
 A shard is a plain tar of samples, each a few members sharing a key: ``<key>.jpg`` (or .png, .webp, ...) and
 ``<key>.cls`` (the class index as text), ImageNet's WebDataset layout. They are written with the ``webdataset``
 package's ``ShardWriter``; any shards in that layout read (``train-*.tar`` and ``val-*.tar``, or ``test-*.tar`` /
-``validation-*.tar``, beside an optional ``classes.json`` or ``classes.txt`` naming the classes).
+``validation-*.tar``, each name perhaps after a prefix such as ``imagenet1k-``, as the Hub's ImageNet-1k shards
+are named, beside an optional ``classes.json`` or ``classes.txt`` naming the classes; ImageNet-1k's shards need
+none).
 
 vitkit reads them by an index of the members' offsets (tar headers only, listed once and cached), not as one
 sequential stream: each image is then one read at a known offset, so the sampler's indices work as for a folder,
@@ -16,6 +18,7 @@ import hashlib
 import json
 import random
 import tarfile
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,9 +67,12 @@ def shard_files(root: Path) -> dict[str, list[Path]]:
                          "of images in folders is --dataset folder")
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder of shards (train-000000.tar, ..., val-000000.tar, ...)")
-    train = sorted(root.glob("train-*.tar")) or sorted(root.glob("train*.tar"))
-    val = next((found for v in VAL_NAMES if (found := sorted(root.glob(f"{v}-*.tar")) or
-                                            sorted(root.glob(f"{v}*.tar")))), [])
+    def named(split: str) -> list[Path]:  # "train-000000.tar", "train0.tar", "imagenet1k-train-0000.tar"
+        return sorted(root.glob(f"{split}-*.tar")) or sorted(root.glob(f"{split}*.tar")) or \
+            sorted(root.glob(f"*-{split}-*.tar"))
+
+    train = named("train")
+    val = next((found for v in VAL_NAMES if (found := named(v))), [])
     if not train or not val:
         have = sorted(p.name for p in root.glob("*.tar"))[:6]
         raise FileNotFoundError(f"{root}: expected train-*.tar and val-*.tar (or test-*/validation-*) shards; found "
@@ -74,9 +80,12 @@ def shard_files(root: Path) -> dict[str, list[Path]]:
     return {"train": train, "val": val}
 
 
-def _class_names(root: Path, labels: set[int]) -> list[str]:
-    """classes.json ({"classes": [...]}, as vitkit shard writes it) or classes.txt (a name a line), else the
-    indices found, as text."""
+IMAGENET_PREFIX = "imagenet1k-"  # the Hub's ImageNet-1k shards (timm/imagenet-1k-wds): the classes are its 1,000
+
+
+def _class_names(root: Path, labels: set[int], imagenet: bool = False) -> list[str]:
+    """classes.json ({"classes": [...]}, as vitkit shard writes it) or classes.txt (a name a line), else
+    ImageNet-1k's names for its shards, else the indices found, as text."""
     if (root / CLASSES_FILE).is_file():
         try:
             found = json.loads((root / CLASSES_FILE).read_text())
@@ -86,6 +95,8 @@ def _class_names(root: Path, labels: set[int]) -> list[str]:
                              f"shard writes it) or a list of names ({type(e).__name__}: {e})") from None
     elif (root / "classes.txt").is_file():
         names = [line.strip() for line in (root / "classes.txt").read_text().splitlines() if line.strip()]
+    elif imagenet:
+        names = (resources.files("vitkit") / "interop" / "imagenet1k_labels.txt").read_text().splitlines()
     else:
         return [str(i) for i in range(max(labels) + 1)] if labels else []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -174,12 +185,13 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
     if not items["train"] or not items["val"]:
         raise ValueError(f"{root}: no samples in the {'train' if not items['train'] else 'val'} shards")
     labels = {y for lst in items.values() for _, y in lst}
-    classes = _class_names(root, labels)
+    classes = _class_names(root, labels, all(p.name.startswith(IMAGENET_PREFIX) for p in files["train"]))
     outside = sorted(y for y in labels if not 0 <= y < len(classes))
     if outside:
         name = next(n for lst in items.values() for n, y in lst if y == outside[0]).split("\t")
+        source = next((n for n in (CLASSES_FILE, "classes.txt") if (root / n).is_file()), "ImageNet-1k")
         raise ValueError(f"{root / name[0]}:{name[3]}: class index {outside[0]} is outside the {len(classes)} "
-                         f"classes of {CLASSES_FILE if (root / CLASSES_FILE).is_file() else 'classes.txt'}")
+                         f"classes of {source}")
     data = load_images(f"{path}", TarReader(root), items, classes, fingerprint, skip_bad_images, None, cache_dir,
                        progress, max_side, crop, mode, say, "shards")
     data.skipped += len(skipped)

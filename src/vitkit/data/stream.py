@@ -29,7 +29,7 @@ from PIL import Image
 
 from ..model.serialization import atomic_write
 from ..runtime.memory import release_free_memory
-from .images import BadImageError, decode_within, fit_within, is_gray, resize_and_crop, to_array
+from .images import BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array
 
 PREFETCH = 4  # batches each worker keeps ready: enough to hide a slow file, bounded memory
 WORKER_TIMEOUT_S = 600  # a worker silent this long (a hung network mount) is an error, not a hang
@@ -44,12 +44,15 @@ class Prepare:
     size: tuple[int, int] | None  # (H, W) every image is resized to (None until decided from the headers)
     decode_side: int  # decoded no larger than this on its longer side (JPEG DCT scaling), then resized to size
     crop: dict[str, Any] | None  # pretrained weights' resize + centre crop (images.crop_spec), or None
+    # the training split's: a random crop each time an image is read, where ``crop`` has a ``train_area``
+    train: bool = False
 
     def decode(self, data: bytes, where: str) -> tuple[Image.Image, tuple[int, int]]:
         """The image as read (cropped for ``crop``) and its full size (H, W)."""
         img, full = decode_within(data, where, max_side=self.decode_side)
         if self.crop is not None:  # the gray test needs the image as stored; the crop keeps the channel count
-            img = resize_and_crop(self.crop, 1 if is_gray(img) else 3)(img)
+            cut = inception_crop if self.train and "train_area" in self.crop else resize_and_crop
+            img = cut(self.crop, 1 if is_gray(img) else 3)(img)
         return img, full
 
     def array(self, data: bytes, where: str, channels: int) -> np.ndarray:

@@ -14,14 +14,21 @@ import torch.nn.functional as F  # noqa: E402
 from ..training.runlog import plot_curves  # noqa: E402,F401  (a run's curves; kept importable from here)
 
 
+NAMED_CLASSES = 60  # a confusion matrix of more classes is drawn at a fixed size, by class index
+
+
 def plot_confusion(confusion: list[list[int]], classes: list[str], out: Path, title: str = "Confusion matrix") -> None:
     cm = np.asarray(confusion)
     n = len(classes)
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(4, 0.5 * n + 1.5)))
-    im = ax.imshow(cm, cmap="Blues")
+    named = n <= NAMED_CLASSES  # half an inch a class, each named; more (ImageNet's 1,000) would be a poster
+    side = 0.5 * n if named else 10  # (1,000 classes at half an inch: 500 inches a side, 2.5 billion pixels)
+    fig, ax = plt.subplots(figsize=(max(5, side + 2), max(4, side + 1.5)))
+    im = ax.imshow(cm, cmap="Blues", interpolation="nearest")
     fig.colorbar(im, ax=ax, label="images")
-    ax.set_xticks(range(n), classes, rotation=45, ha="right"), ax.set_yticks(range(n), classes)
-    ax.set_xlabel("predicted"), ax.set_ylabel("true"), ax.set_title(title)
+    if named:
+        ax.set_xticks(range(n), classes, rotation=45, ha="right"), ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted" + ("" if named else " (class index)"))
+    ax.set_ylabel("true" + ("" if named else " (class index)")), ax.set_title(title)
     if n <= 20:
         for i in range(n):
             for j in range(n):

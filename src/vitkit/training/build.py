@@ -25,7 +25,7 @@ def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> Da
     """The dataset the config names, decoded into memory (cached in ``cfg.cache_dir``) or, for a folder that
     would not fit (or ``data_mode: stream``), streamed from its files."""
     data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
-                        max_side=cfg.folder_max_side, crop=init_crop(cfg.init, cfg.model_args),
+                        max_side=cfg.folder_max_side, crop=run_crop(cfg.to_dict()),
                         mode="stream" if cfg.naflex else cfg.data_mode, say=say,
                         unlabeled=cfg.objective != "classify")
     return for_run(cfg, data)
@@ -107,6 +107,25 @@ def init_crop(init: str | None, model_args: dict[str, Any]) -> dict[str, Any] | 
     return crop_spec(init_preprocessing(init), model_args.get("img_size") or init_image_size(init))
 
 
+def run_crop(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """How a run's photos are cut (``images.crop_spec``), from its settings (a TrainConfig's, or the layered dict
+    before there is one): the weights' own geometry when fine-tuning, ``crop_pct``'s centre crop for evaluation, and
+    ``inception_crop``'s random crops for training (``train_area``: the share of the image's area a crop may
+    cover); None: every image resized whole."""
+    model_args = settings.get("model_args") or {}
+    spec = init_crop(settings.get("init"), model_args)
+    crop_pct, area = settings.get("crop_pct"), settings.get("inception_crop")
+    if not spec and not crop_pct and not area:
+        return None
+    if not spec:
+        size = model_args.get("img_size") or get_config(settings.get("model") or "vit_nano_patch2_8").img_size
+        h, w = to_2tuple(size)
+        spec = {"img_size": [h, w], "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear"}
+    if crop_pct:
+        spec = {**spec, "crop_pct": float(crop_pct), "crop_mode": "center"}
+    return {**spec, "train_area": [float(area), 1.0]} if area else spec
+
+
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
     if cfg.init:
@@ -124,13 +143,20 @@ def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
 def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSplits) -> dict[str, Any]:
     """Mean, std and class names saved with every checkpoint. Fine-tuning keeps the weights' own statistics."""
     pre = getattr(model, "preprocessing", None) or {}
-    if cfg.init and len(pre.get("mean") or []) == model.config.in_chans:
+    if cfg.mean is not None:
+        if len(cfg.mean) != model.config.in_chans:
+            raise ValueError(f"mean {cfg.mean} and std {cfg.std}: one number per channel, and {data.name} has "
+                             f"{model.config.in_chans}")
+        mean, std = cfg.mean, cfg.std
+    elif cfg.init and len(pre.get("mean") or []) == model.config.in_chans:
         mean, std = pre["mean"], pre["std"]
     else:
         mean, std = data.mean_std()
     naflex = {"naflex_max_tokens": data.train.max_tokens} if isinstance(data.train, NaFlexImages) else {}
     names = {"class_names": data.classes} if cfg.objective == "classify" else {}  # an encoder has no classes
-    return {"mean": mean, "std": std, **names, **naflex}
+    # the evaluation geometry the run's photos had, kept with the weights: eval, predict and serve cut the same way
+    crop = {k: v for k, v in (run_crop(cfg.to_dict()) or {}).items() if k in ("crop_pct", "crop_mode", "interpolation")}
+    return {"mean": mean, "std": std, **names, **naflex, **crop}
 
 
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,

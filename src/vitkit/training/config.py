@@ -32,6 +32,8 @@ class TrainConfig:
     # data
     dataset: str = "digits"
     data_dir: str | None = None
+    # a shipped recipe by name (configs/<name>.yaml) instead of the one the dataset or its images call for
+    recipe: str | None = None
     download: bool = False
     skip_bad_images: bool = False
     cache_dir: str | None = None
@@ -42,6 +44,17 @@ class TrainConfig:
     freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)
     train_fraction: float = 1.0  # train on this class-balanced share of the training split (learning curves)
     folder_max_side: int = 128  # --dataset folder: images are held in memory at up to this many pixels a side
+    # Photos (folder, shards) at the model's img_size as ImageNet training prepares them, rather than each image
+    # squashed whole: evaluation resizes the short side to img_size / crop_pct and takes the centre (224 of 256:
+    # 0.875, Inception's and big_vision's), and, with inception_crop, each training image is a random crop of at
+    # least that share of its area and an aspect ratio in [3/4, 4/3], resized to img_size (Szegedy et al. 2015's
+    # "inception crop"; big_vision's 0.05, torchvision's 0.08), drawn anew each epoch as the image is read (streamed).
+    crop_pct: float | None = None
+    inception_crop: float | None = None
+    # the standardisation of the pixels, per channel; None: the training images' own mean and std (big_vision's
+    # value_range(-1, 1) is mean 0.5, std 0.5)
+    mean: list[float] | None = None
+    std: list[float] | None = None
     # --dataset folder: decoded into memory, or streamed from the files by DataLoader workers; auto streams a folder
     # whose decode would not fit in the memory the process may use (data/folder.py, data/stream.py)
     data_mode: str = "auto"
@@ -87,6 +100,9 @@ class TrainConfig:
     crop_padding: int = 0
     hflip: bool = False
     aa: str | None = None  # "rand" | "trivial"
+    # RandAugment's strength out of 10, every operation at it (big_vision's randaug(2, 10) and timm's rand-m10: the
+    # most); None: torchvision's default (9 of its 31 steps, about 3 of 10)
+    aa_magnitude: int | None = None
     mixup: float = 0.0
     cutmix: float = 0.0
     model_ema: bool = False
@@ -132,6 +148,8 @@ class TrainConfig:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)
+        check_range("train config", "aa_magnitude", self.aa_magnitude, 0, 10)
+        self._check_photo_crops()
         for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs",
                   "decoder_width", "decoder_depth", "decoder_heads"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
@@ -161,6 +179,27 @@ class TrainConfig:
                 self.with_tier(tier)
             except ValueError as e:
                 raise type(e)(f"tiers[{i}]: {e}") from None
+
+    def _check_photo_crops(self) -> None:
+        for k in ("crop_pct", "inception_crop"):
+            check_range("train config", k, getattr(self, k), 0, 1, lo_open=True)
+        if (self.crop_pct or self.inception_crop) and self.dataset not in FILE_DATASETS:
+            raise ValueError(f"crop_pct and inception_crop crop photos as they are read (--dataset "
+                             f"{' or '.join(FILE_DATASETS)}); {self.dataset} is held in memory at its own size")
+        if self.inception_crop and self.data_mode == "memory":
+            raise ValueError("inception_crop draws a new crop of each photo every epoch as it is read: --data-mode "
+                             "stream (or auto), not memory")
+        if self.recipe is not None and self.recipe not in list_recipes():
+            raise ValueError(f"recipe {self.recipe!r} is not shipped; the recipes: {', '.join(list_recipes())}")
+        for k in ("mean", "std"):
+            v = getattr(self, k)
+            if v is not None and (not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in v) or (k == "std" and min(v) <= 0)):
+                raise ValueError(f"{k} must be a list of numbers, one per channel{' (each > 0)' if k == 'std' else ''}"
+                                 f", got {v!r}")
+        if (self.mean is None) != (self.std is None) or (self.mean and len(self.mean) != len(self.std or [])):
+            raise ValueError(f"mean and std go together, one number per channel each; got mean={self.mean!r}, "
+                             f"std={self.std!r}")
 
     def _check_naflex(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -11,9 +11,10 @@ from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_d
 from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
 from ..model.registry import get_config
-from .build import init_crop
+from .build import init_crop, run_crop
 from .checkpoint import recover_run
-from .config import NAFLEX_REFUSES, TIER_BOUNDS, TrainConfig, lay_over, read_recipe, read_yaml, safe_yaml
+from .config import (NAFLEX_REFUSES, TIER_BOUNDS, TrainConfig, lay_over, list_recipes, read_recipe, read_yaml,
+                     safe_yaml)
 from .recipes import choose_recipe, flips_change_labels
 
 
@@ -53,7 +54,10 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     if saved:
         _check_same_model(saved, {**file_cfg, **given}, {**file_cfg.get("model_args", {}), **src.model_args},
                           given["resume"])
-    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or "digits"
+    recipe = None if saved else given.get("recipe") or file_cfg.get("recipe")
+    shipped = _shipped_recipe(recipe) if recipe else {}
+    dataset = given.get("dataset") or file_cfg.get("dataset") or saved.get("dataset") or shipped.get("dataset") \
+        or "digits"
     merged: dict[str, Any] = {"dataset": dataset}
     init = given.get("init") or file_cfg.get("init")
     objective = given.get("objective") or file_cfg.get("objective") or saved.get("objective") or "classify"
@@ -64,7 +68,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             size = src.model_args.get("img_size") or init_image_size(init)
             merged["folder_max_side"] = max(size) if isinstance(size, tuple) else size
         if dataset in FILE_DATASETS:
-            probe = {**file_cfg, **given}
+            probe = lay_over(lay_over(shipped, file_cfg), {**given, "model_args": src.model_args})
             wanted = src.model_args.get("img_size") or file_cfg.get("model_args", {}).get("img_size")
             if "folder_max_side" in probe:  # the user's own
                 merged["folder_max_side"] = probe["folder_max_side"]
@@ -74,13 +78,13 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                     "(128 otherwise; --folder-max-side N to choose)")
             data = load_dataset(dataset, probe.get("data_dir"), False, probe.get("skip_bad_images", False),
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
-                                max_side=merged.get("folder_max_side", 128), crop=init_crop(init, src.model_args),
+                                max_side=merged.get("folder_max_side", 128), crop=run_crop(probe),
                                 mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say,
                                 unlabeled=probe.get("objective", "classify") != "classify")
-            name = "finetune" if finetune else choose_recipe(data)
-            say(f"recipe for this folder: configs/{name}.yaml ({data.describe()})")
+            name = recipe or ("finetune" if finetune else choose_recipe(data))
+            say(f"recipe{'' if recipe else ' for this folder'}: configs/{name}.yaml ({data.describe()})")
         else:
-            name = "finetune" if finetune else dataset
+            name = recipe or ("finetune" if finetune else dataset)
             if finetune:  # read now: the recipe's batch of 512 is fitted to the training images (_fit_accumulation)
                 probe = {**file_cfg, **given}
                 data = load_dataset(dataset, probe.get("data_dir"), probe.get("download", False),
@@ -132,6 +136,13 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _shipped_recipe(name: str) -> dict[str, Any]:
+    """``--recipe NAME``: configs/NAME.yaml, or an error listing the shipped recipes."""
+    if name not in list_recipes():
+        raise ValueError(f"--recipe {name}: no such shipped recipe; the recipes: {', '.join(list_recipes())}")
+    return read_recipe(name)
 
 
 MIN_GRID = 7  # pre-training cuts patches so the grid has at least this many a side (MAE's encoder sees a quarter)

@@ -112,7 +112,7 @@ class Trainer:
         mc = self.model.config
         self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
                                     mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
-                                    cutmix=cfg.cutmix)
+                                    cutmix=cfg.cutmix, aa_magnitude=cfg.aa_magnitude)
         if cfg.freeze_body:
             self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
         # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)

@@ -1,0 +1,144 @@
+"""The ImageNet recipe (big_vision's ViT-S/16 "better plain ViT baseline") on shards in the Hub's ImageNet-1k layout,
+and the photo geometry it uses: inception crops for training, resize + centre crop for evaluation."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.cli.main import main
+from vitkit.data.images import crop_spec
+from vitkit.data.shards import load_shard_splits
+from vitkit.training.config import TrainConfig, read_recipe
+
+wds = pytest.importorskip("webdataset")
+
+
+def _jpeg(rng, h, w):
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def imagenet_shards(root, n_train=16, n_val=4, shards=2, seed=0):
+    """Shards named and keyed as the Hub's timm/imagenet-1k-wds: imagenet1k-{train,validation}-NNNN.tar, each
+    sample a .jpg of its own size beside a .cls (the class index, 0-999), written by webdataset's TarWriter."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n, k in (("train", n_train, shards), ("validation", n_val, 1)):
+        for s in range(k):
+            with wds.TarWriter(str(root / f"imagenet1k-{split}-{s:04d}.tar")) as sink:
+                for i in range(s, n, k):
+                    h, w = int(rng.integers(48, 120)), int(rng.integers(48, 120))
+                    sink.write({"__key__": f"n{i:08d}", "jpg": _jpeg(rng, h, w), "cls": int(rng.integers(0, 1000))})
+    return root
+
+
+def test_the_recipe_is_big_vision_s16():
+    """Each setting against big_vision/configs/vit_s16_i1k.py, as that file states it."""
+    r = read_recipe("imagenet-vit-s16")
+    assert (r["model"], r["epochs"], r["batch_size"], r["lr"], r["clip_grad"], r["mixup"]) == \
+        ("vit_small_patch16_224", 90, 1024, 0.001, 1.0, 0.2)  # S/16, num_epochs, batch_size, lr, grad_clip_norm, mixup
+    assert r["model_args"] == {"pool": "gap", "pos_embed": "sincos2d", "representation_size": 384}  # rep_size=True
+    assert r["warmup_epochs"] * 1_281_167 / 1024 == pytest.approx(10_000, rel=1e-3)  # warmup_steps=10_000
+    assert r["weight_decay"] * r["lr"] == pytest.approx(1e-4)  # wd=0.0001, decoupled from the learning rate
+    assert r["min_lr"] == 0.0 and r["mean"] == r["std"] == [0.5] * 3  # cosine to 0; value_range(-1, 1)
+    assert (r["inception_crop"], r["hflip"], r["aa"], r["aa_magnitude"]) == (0.05, True, "rand", 10)
+    assert 224 / r["crop_pct"] == pytest.approx(256)  # resize_small(256) | central_crop(224)
+    TrainConfig.from_dict(r)  # and it is a valid config
+
+
+def test_weight_decay_takes_big_visions_share_of_each_kernel_per_step():
+    """big_vision's decoupled wd=1e-4 at the schedule's peak takes 1e-4 x w off each kernel per step, and nothing
+    off biases and norms; with a zero gradient Adam's own update is 0, so what one step changes is the decay."""
+    from vitkit.training.optim import build_optimizer, set_lr
+
+    cfg = TrainConfig.from_dict({**read_recipe("imagenet-vit-s16"), "model_args": {
+        "pool": "gap", "pos_embed": "sincos2d", "representation_size": 16, "embed_dim": 16, "depth": 1,
+        "num_heads": 1, "img_size": 32}})
+    import vitkit
+
+    model = vitkit.create_model("vit_small_patch16_224", **cfg.model_args, num_classes=3)
+    opt = build_optimizer(model, cfg)
+    set_lr(opt, cfg.lr)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for k, p in model.named_parameters():
+        want = before[k] * (1 - 1e-4) if p.ndim >= 2 else before[k]
+        torch.testing.assert_close(p.detach(), want, rtol=0, atol=1e-9, msg=k)
+
+
+def test_evaluation_is_the_centre_of_the_short_side_at_256_and_training_a_new_crop_each_read(tmp_path):
+    root = imagenet_shards(tmp_path / "s", n_train=4, n_val=2, shards=1)
+    spec = {**crop_spec({"crop_pct": 0.875, "interpolation": "bilinear"}, 224), "train_area": [0.05, 1.0]}
+    data = load_shard_splits(str(root), cache_dir=str(tmp_path / "c"), crop=spec, mode="auto")
+    assert data.streamed and data.classes[:2] == ["tench", "goldfish"] and len(data.classes) == 1000
+    # evaluation, against PIL by hand: the short side to 256 (bilinear), the centre 224 x 224
+    raw = data.val.reader.read(data.val.names[0])
+    im = Image.open(io.BytesIO(raw)).convert("RGB")
+    s = 256 / min(im.size)
+    im = im.resize((round(im.width * s), round(im.height * s)), Image.BILINEAR)
+    left, top = int(round((im.width - 224) / 2.0)), int(round((im.height - 224) / 2.0))
+    want = np.asarray(im.crop((left, top, left + 224, top + 224))).transpose(2, 0, 1)
+    got = data.val[0][0].numpy()
+    assert got.shape == (3, 224, 224) and np.abs(got.astype(int) - want).mean() < 2.0  # resampling rounding only
+    assert torch.equal(data.val[0][0], data.val[0][0])  # the same every time
+    # training: 224 x 224, a different crop on each read, the same ones again from the same seed
+    torch.manual_seed(0)
+    a = [data.train[0][0] for _ in range(3)]
+    torch.manual_seed(0)
+    b = [data.train[0][0] for _ in range(3)]
+    assert all(x.shape == (3, 224, 224) for x in a) and not torch.equal(a[0], a[1])
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="inception_crop cuts each training photo anew.*not memory"):
+        load_shard_splits(str(root), cache_dir=str(tmp_path / "c"), crop=spec, mode="memory")
+
+
+def test_randaugment_magnitude_10_is_each_operations_strongest():
+    from vitkit.data.augment import BatchAugment
+
+    aa = BatchAugment([0.5] * 3, [0.5] * 3, (224, 224), 10, aa="rand", aa_magnitude=10).aa
+    def at(op):  # the operation's strength at the chosen magnitude (torchvision's table of each operation's range)
+        return float(aa._AUGMENTATION_SPACE[op][0](aa.num_magnitude_bins, 224, 224)[aa.magnitude])
+
+    assert at("Rotate") == 30.0 and at("ShearX") == pytest.approx(0.3)  # AutoAugment's largest, as TF's level 10
+    assert at("Posterize") == 4.0
+
+
+@pytest.mark.long
+def test_the_recipe_trains_a_few_steps_on_imagenet_layout_shards_and_evaluates_as_it_trained(tmp_path, capsys):
+    root = imagenet_shards(tmp_path / "imagenet")
+    run = tmp_path / "run"
+    assert main(["train", "--recipe", "imagenet-vit-s16", "--data-dir", str(root), "-b", "4", "--epochs", "1",
+                 "--eval-batch-size", "4", "--workers", "1", "--precision", "fp32", "--compile", "false",
+                 "--attention", "sdpa", "--channels-last", "false", "--cache-dir", str(tmp_path / "c"),
+                 "--output", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "recipe: configs/imagenet-vit-s16.yaml" in out and "16 train / 4 val images" in out
+    saved = json.loads((run / "last" / "config.json").read_text())
+    c, pre = saved["model"], saved["preprocessing"]
+    assert (c["pool"], c["pos_embed"], c["representation_size"], c["num_classes"]) == ("gap", "sincos2d", 384, 1000)
+    assert (pre["crop_pct"], pre["crop_mode"], pre["mean"]) == (0.875, "center", [0.5, 0.5, 0.5])
+    assert pre["class_names"][0] == "tench"
+    # the run's final top-1 is what `vitkit eval` gets on the same shards: the same geometry from the checkpoint
+    final = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert main(["eval", "--checkpoint", str(run / "last"), "--dataset", "shards", "--data-dir", str(root),
+                 "--cache-dir", str(tmp_path / "c")]) == 0
+    assert f"{final['val_top1']:.2f}" in capsys.readouterr().out
+
+
+def test_a_confusion_matrix_of_1000_classes_is_a_picture_not_a_poster(tmp_path):
+    """At half an inch a class, ImageNet's matrix was 500 inches a side (2.5 billion pixels): `vitkit eval` of a
+    1,000-class checkpoint was killed for memory (24 GB) after printing its results."""
+    from vitkit.inspect.plots import plot_confusion
+
+    cm = np.eye(1000, dtype=int)
+    plot_confusion(cm.tolist(), [f"class {i}" for i in range(1000)], tmp_path / "c.png")
+    with Image.open(tmp_path / "c.png") as im:
+        assert max(im.size) <= 1300
