@@ -142,3 +142,22 @@ def test_a_confusion_matrix_of_1000_classes_is_a_picture_not_a_poster(tmp_path):
     plot_confusion(cm.tolist(), [f"class {i}" for i in range(1000)], tmp_path / "c.png")
     with Image.open(tmp_path / "c.png") as im:
         assert max(im.size) <= 1300
+
+
+def test_estimate_times_the_streamed_step_against_memory_and_projects_the_hours(tmp_path, capsys, monkeypatch):
+    from vitkit.bench.stream import IMAGENET_TRAIN_IMAGES, StreamCost
+
+    # the projection's arithmetic: 90 epochs of ImageNet at 1,000 img/s is 32.0 hours; on 8 such devices 4.0
+    cost = StreamCost(streamed=1000.0, in_memory=1250.0, reading=5000.0, workers=4, batch=1024, device="cuda:0")
+    assert cost.hours(90, IMAGENET_TRAIN_IMAGES) == pytest.approx(32.03, abs=0.01)
+    assert cost.hours(90, IMAGENET_TRAIN_IMAGES, 8) == pytest.approx(4.00, abs=0.01)
+    root = imagenet_shards(tmp_path / "imagenet", n_train=24)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--recipe", "imagenet-vit-s16", "--data-dir", str(root), "-b", "4", "--depth", "1",
+                 "--embed-dim", "32", "--num-heads", "2", "--precision", "fp32", "--compile", "false",
+                 "--attention", "sdpa", "--channels-last", "false", "--workers", "1", "--cache-dir",
+                 str(tmp_path / "c"), "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "streamed step:" in out and "the same step on images in memory:" in out
+    assert "90 epochs of 24 images:" in out and "on 8 such devices (torchrun):" in out
+    assert not (tmp_path / "runs").exists()  # trained nothing, wrote no run folder

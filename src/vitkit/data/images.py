@@ -148,7 +148,7 @@ def inception_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, P
     ``inception_crop``, torchvision's RandomResizedCrop): a random box of ``spec["train_area"]`` of the image's
     area and an aspect ratio in [3/4, 4/3], resized to ``img_size``. Drawn from torch's generator, which a
     DataLoader seeds in each worker from the run's seed: a new crop every epoch, the same ones for the same seed."""
-    from torchvision.transforms import v2
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
 
     crop = v2.RandomResizedCrop(tuple(spec["img_size"]), scale=tuple(spec["train_area"]), ratio=(3 / 4, 4 / 3),
                                 interpolation=v2.InterpolationMode(spec["interpolation"]))
