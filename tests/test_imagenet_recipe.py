@@ -161,3 +161,29 @@ def test_estimate_times_the_streamed_step_against_memory_and_projects_the_hours(
     assert "streamed step:" in out and "the same step on images in memory:" in out
     assert "90 epochs of 24 images:" in out and "on 8 such devices (torchrun):" in out
     assert not (tmp_path / "runs").exists()  # trained nothing, wrote no run folder
+
+
+@pytest.mark.long
+def test_the_gpu_script_runs_its_parts_end_to_end_on_the_cpu(tmp_path):
+    """benchmarks/gpu_targets.sh --dry-run: what a lent GPU will run, at toy budgets, so the device's few minutes are
+    not spent on a script's bug. The streamed part here (photos from real digits, ViT-B/16 and the ImageNet
+    recipe at 224 px, shrunk)."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    from helpers import write_digits_folder
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
+           "PHOTO_SOURCE": str(write_digits_folder(tmp_path / "digits", mode="RGB"))}
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_targets.sh"), "--dry-run", "info", "streamed"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "photos: exit 0" in summary and "streamed-b16: exit 0" in summary and "imagenet-s16: exit 0" in summary
+    assert summary.count("the same step on images in memory") == 2 and "90 epochs of 1,281,167 images" in summary
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as t:
+        assert {"runs/streamed-b16/estimate.txt", "runs/imagenet-s16/estimate.txt"} <= set(t.getnames())

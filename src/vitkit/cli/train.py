@@ -110,16 +110,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="with --time-limit: keep the recipe's own settings whatever the budget buys (its tiers are "
                         "for budgets that buy few epochs)")
     g.add_argument("--config", default=None, help="YAML file of TrainConfig keys (flags override it)")
-    g.add_argument("--estimate", dest="_estimate", action="store_true",
-                   help="plan the run, then time its step on the files streamed against the same step on images in "
-                        "memory, and print the hours its epochs would take; trains nothing")
+    g.add_argument("--estimate", dest="_estimate", nargs="?", const=0, type=positive_int, default=None,
+                   metavar="IMAGES", help="plan the run, then time its step on the files streamed against the same "
+                                          "step on images in memory, and print the hours its epochs take over the "
+                                          "training images (or IMAGES an epoch: 1281167 for ImageNet-1k from a "
+                                          "sample of its shards); trains nothing")
     g.add_argument("--nproc-per-node", dest="_nproc_per_node", type=positive_int, default=None, metavar="N",
                    help="train on N processes on this machine (DDP: one per GPU, or CPU processes with gloo), started "
                         "here as `torchrun --standalone --nproc-per-node N -m vitkit train ...` would; checked "
                         "before any process starts")
 
 
-def _estimate(cfg: Any, data: Any, recipe: str | None, say: Any, start: float, distributed: bool) -> int:
+def _estimate(cfg: Any, data: Any, recipe: str | None, say: Any, start: float, distributed: bool, images: int) -> int:
     """``--estimate``: the planned run's streamed step, the same step in memory, and its hours (bench/stream.py)."""
     from ..bench.stream import report, stream_cost
     from ..training.plan import make_plan
@@ -129,7 +131,7 @@ def _estimate(cfg: Any, data: Any, recipe: str | None, say: Any, start: float, d
               file=sys.stderr)
         return 2
     cfg, the_plan = make_plan(cfg, data, recipe, say, start)
-    report(stream_cost(cfg, data, the_plan), cfg.epochs, len(data.train), say)
+    report(stream_cost(cfg, data, the_plan), cfg.epochs, images, say)
     return 0
 
 
@@ -248,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
     data = data or build_data(cfg)
     if distributed and rank == 0:
         dist.barrier()
-    if getattr(args, "_estimate", False):
-        return _estimate(cfg, data, recipe, say, start, distributed)
+    if getattr(args, "_estimate", None) is not None:
+        return _estimate(cfg, data, recipe, say, start, distributed, args._estimate or len(data.train))
     if cfg.output is None:
         cfg.output = _default_output(args, cfg.dataset)
         if distributed:  # every rank must agree on the folder

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The GPU targets, measured on a lent GPU machine: what the machine is, the cuda-marked tests, `vitkit train
+# --dataset fashion-mnist --time-limit 3` and CIFAR-10 `--time-limit 5` with every setting auto, then the streamed
+# ViT-B/16 and ImageNet ViT-S/16 steps at 224 px against the same steps in memory (`vitkit train --estimate`). Each
+# part writes its results as it ends, so a call cut short keeps what it finished.
+#
+#   bash benchmarks/gpu_targets.sh --pack      here: .gpu/ with what the GPU machine lacks (49 MB; git-ignored)
+#   bash benchmarks/gpu_targets.sh --dry-run   here, on the CPU: every part, at toy budgets (nothing measured)
+#   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests fashion-mnist cifar10 streamed
+#
+# The two budgets alone are 8 minutes, so the device tool takes two calls (carry [".gpu"] in both), on one warm
+# machine, about 12 minutes of device time with its start:
+#   1. bash benchmarks/gpu_targets.sh info tests fashion-mnist streamed    (timeout_s 420; ~6 min)
+#   2. bash benchmarks/gpu_targets.sh info cifar10                         (timeout_s 420; ~6 min)
+#
+# .gpu/ holds the wheels the machine's image lacks (webdataset, braceexpand, torchinfo: its torch, torchvision and
+# the rest are there), Fashion-MNIST's four IDX files (30 MB) and CIFAR-10's JPEG folder as one tar.xz (18.5 MB:
+# the same files as ../shared/data/cifar10-jpg.zip, whose 61 MB with the tree would pass the 64 MiB a call carries).
+# Results: $OUT/ (the device tool's folder; ./gpu-out here) gets summary.txt, log.txt and results.tar.gz (each run's
+# plan.json, metrics.jsonl, config.yaml and final line); commit them under results/gpu/<device>/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PACK=.gpu
+DRY=0
+PARTS=()
+for a in "$@"; do
+  case "$a" in
+    --pack) MODE=pack ;;
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) PARTS+=("$a") ;;
+  esac
+done
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(info tests fashion-mnist cifar10 streamed)
+PY=${PYTHON:-python3}
+
+if [ "${MODE:-}" = pack ]; then
+  mkdir -p "$PACK/whl" "$PACK/fashion-mnist"
+  grep -qx "/$PACK/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/$PACK/" >> .git/info/exclude; }
+  for w in webdataset==1.0.2 braceexpand==0.1.7 torchinfo==1.8.0; do
+    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 --platform any -d "$PACK/whl" "$w" || exit 1
+  done
+  cp /usr/share/datasets/fashion-mnist/*.gz "$PACK/fashion-mnist/" || { echo "apt-get install -y dataset-fashion-mnist"; exit 1; }
+  tmp=$(mktemp -d); unzip -q ../shared/data/cifar10-jpg.zip -d "$tmp"
+  tar -C "$tmp" -cf - cifar10 | xz -9 -T2 > "$PACK/cifar10.tar.xz"; rm -rf "$tmp"
+  du -sh "$PACK" "$PACK"/*; exit 0
+fi
+
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+RUNS=$WORK/runs
+mkdir -p "$RUNS"
+LOG=$OUT/log.txt
+SUMMARY=$OUT/summary.txt
+say() { echo "$*" | tee -a "$SUMMARY"; }
+if [ -d "$PACK/whl" ] && ! $PY -c "import webdataset" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$PACK"/whl/*.whl >> "$LOG" 2>&1
+  export PYTHONPATH="$WORK/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+VITKIT="$PY -m vitkit"
+if [ $DRY = 1 ]; then  # toy budgets and models: every command runs end to end in a minute or two on 2 cores
+  FM_LIMIT=0.5; C10_LIMIT=1; PHOTOS=96
+  STEPS_ARGS="-b 8 --depth 1 --embed-dim 64 --num-heads 1 --precision fp32"
+  FM_DATA=${FM_DATA:-/usr/share/datasets/fashion-mnist}
+else  # the streamed steps at set settings (bf16, SDPA, eager): timing every candidate would cost the call a minute
+  FM_LIMIT=3; C10_LIMIT=5; PHOTOS=12000
+  STEPS_ARGS="-b 256 --precision bf16"
+  FM_DATA=$PACK/fashion-mnist
+fi
+STEPS_ARGS="$STEPS_ARGS --compile false --attention sdpa --channels-last false"
+finish() {  # what the runs wrote, without their weights: results.tar.gz
+  (cd "$WORK" && find runs -name plan.json -o -name metrics.jsonl -o -name config.yaml -o -name final.txt \
+     -o -name estimate.txt | tar -czf "$OUT/results.tar.gz" -T -) 2>/dev/null
+}
+trap finish EXIT
+run_part() {  # name, command...: its output to the log, its last lines to the summary
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name: $*" >> "$LOG"
+  "$@" >> "$LOG" 2>&1
+  local rc=$?
+  say "$name: exit $rc in $((SECONDS - t0)) s"
+  return $rc
+}
+
+for part in "${PARTS[@]}"; do
+  case "$part" in
+  info)
+    { date -u; git rev-parse --short HEAD 2>/dev/null; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi";
+      $PY -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__,
+'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')";
+      echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores";
+      grep -o -m1 'amx_bf16\|avx512_bf16\|avx512f' /proc/cpuinfo | sort -u | xargs; } 2>&1 | tee -a "$SUMMARY" ;;
+  tests)  # the cuda-marked tests (skipped without a GPU); their files only, so a module whose optional
+          # dependency the image lacks cannot stop the collection
+    files=$(grep -l "mark.cuda" tests/test_*.py | xargs)
+    run_part tests timeout 90 $PY -m pytest -q -m cuda -p no:cacheprovider -n 0 $files
+    tail -2 "$LOG" | tee -a "$SUMMARY" ;;
+  fashion-mnist)
+    run_part fashion-mnist $VITKIT train --dataset fashion-mnist --data-dir "$FM_DATA" --time-limit $FM_LIMIT \
+      --output "$RUNS/fashion-mnist" --cache-dir "$WORK/cache"
+    mkdir -p "$RUNS/fashion-mnist"; grep "^final:" "$LOG" | tail -1 | tee "$RUNS/fashion-mnist/final.txt" | tee -a "$SUMMARY" ;;
+  cifar10)
+    if [ -f "$PACK/cifar10.tar.xz" ]; then tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; C10="$WORK/cifar10"
+    else C10=../shared/data/cifar10-jpg.zip; fi
+    run_part cifar10 $VITKIT train --dataset folder --data-dir "$C10" --time-limit $C10_LIMIT \
+      --output "$RUNS/cifar10" --cache-dir "$WORK/cache"
+    mkdir -p "$RUNS/cifar10"; grep "^final:" "$LOG" | tail -1 | tee "$RUNS/cifar10/final.txt" | tee -a "$SUMMARY" ;;
+  streamed)  # photo-sized shards from CIFAR-10's images (benchmarks/photo_shards.py says what that costs)
+    if [ -f "$PACK/cifar10.tar.xz" ] && [ ! -d "$WORK/cifar10" ]; then tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; fi
+    src=${PHOTO_SOURCE:-$([ -d "$WORK/cifar10" ] && echo "$WORK/cifar10" || echo ../shared/data/cifar10-jpg.zip)}
+    run_part photos $PY benchmarks/photo_shards.py --images "$src" --out "$WORK/photos" --n $PHOTOS
+    mkdir -p "$RUNS/streamed-b16" "$RUNS/imagenet-s16"
+    run_part streamed-b16 $VITKIT train --dataset shards --data-dir "$WORK/photos" --model vit_base_patch16_224 \
+      --img-size 224 --data-mode stream --inception-crop 0.08 --crop-pct 0.875 --hflip --cache-dir "$WORK/cache" \
+      $STEPS_ARGS --estimate
+    grep -A3 "^streamed step" "$LOG" | tail -4 | tee "$RUNS/streamed-b16/estimate.txt" | tee -a "$SUMMARY"
+    run_part imagenet-s16 $VITKIT train --recipe imagenet-vit-s16 --data-dir "$WORK/photos" \
+      --cache-dir "$WORK/cache" $STEPS_ARGS --estimate 1281167
+    grep -A3 "^streamed step" "$LOG" | tail -4 | tee "$RUNS/imagenet-s16/estimate.txt" | tee -a "$SUMMARY" ;;
+  *) echo "unknown part $part (info tests fashion-mnist cifar10 streamed)"; exit 2 ;;
+  esac
+done
