@@ -6,7 +6,7 @@
 Each image is resized (bicubic) to --size, ImageNet's typical photo (its mean is about 400x350), and saved as a JPEG
 of --quality; --n of them go to imagenet1k-train-NNNN.tar (1,000 a shard) and a tenth as many to
 imagenet1k-validation-0000.tar, each sample a .jpg beside a .cls (its class index). Upscaled small images are
-smoother than photos, so their JPEGs are smaller (about 25 KB against ImageNet's 110) and decode somewhat faster
+smoother than photos, so their JPEGs are smaller (about 20 KB against ImageNet's 110) and decode somewhat faster
 at the same size: a streamed rate timed on them is an upper bound on ImageNet's. Not a test: it writes data.
 """
 import argparse
