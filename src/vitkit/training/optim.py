@@ -21,7 +21,7 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip
-        head = name.split(".")[0] in HEADS
+        head = name.split(".")[0] in HEADS + ("pre_logits",)  # §3.1's MLP head: its hidden layer is the head's too
         layer = layer_id(name, depth) if cfg.layer_decay and depth is not None else 0
         scale = (1.0 if head else cfg.body_lr_scale) * (cfg.layer_decay ** (depth + 1 - layer) if cfg.layer_decay
                                                         and depth is not None else 1.0)
