@@ -301,7 +301,7 @@ class VisionTransformer(Backbone, nn.Module):
         self.fc_norm = nn.LayerNorm(c.embed_dim, eps=c.layer_norm_eps) if c.fc_norm else nn.Identity()
         # §3.1's pre-training head: one hidden layer (Dense + tanh) before the classifier, where configured
         self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(c.embed_dim, c.representation_size), act=nn.Tanh())) \
-            if c.representation_size else nn.Identity()
+            if c.representation_size else None
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(c.head_width, c.num_classes) if c.num_classes > 0 else nn.Identity()
         if c.dist_token:
@@ -338,7 +338,7 @@ class VisionTransformer(Backbone, nn.Module):
             nn.init.normal_(self.reg_token, std=1e-6)  # as timm and DINOv2 start them
         if self.attn_pool is not None:
             nn.init.xavier_uniform_(self.attn_pool.latent.view(1, -1))  # as big_vision's probe
-        if isinstance(self.pre_logits, nn.Sequential):  # flax's default Dense init, as the official code leaves it
+        if self.pre_logits is not None:  # flax's default Dense init, as the official code leaves it
             w = self.pre_logits.fc.weight
             std = w.shape[1] ** -0.5 / 0.87962566103423978  # LeCun normal, truncated at 2 sigma (variance kept)
             nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
@@ -457,7 +457,8 @@ class VisionTransformer(Backbone, nn.Module):
         else:  # the mean of the valid patches
             w = valid[..., None].to(x.dtype)
             x = (x[:, self.num_prefix_tokens:] * w).sum(1) / w.sum(1)
-        x = self.head_drop(self.pre_logits(self.fc_norm(x)))
+        x = self.fc_norm(x)
+        x = self.head_drop(x if self.pre_logits is None else self.pre_logits(x))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor | NaFlexBatch) -> torch.Tensor:
