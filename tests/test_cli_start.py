@@ -42,12 +42,14 @@ def test_ctrl_c_while_a_commands_modules_import_is_one_line_and_exit_130(argv, m
     assert err == [f"{who}: interrupted (nothing half-written: files and caches are written whole or not at all)"]
 
 
-def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130():
+def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130(tmp_path):
     """A real SIGINT to `python -m vitkit train` while Python imports torch (the first second)."""
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--epochs", "1", "--output", "/nonexistent/x"],
+    # (the test's own folder: a signal that came late on a loaded machine once met the run itself, which wrote
+    # "/nonexistent/x" as root, and every later run of this test found a run there and refused to start)
+    p = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--epochs", "1", "--output", str(tmp_path / "x")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a test worker's
     # processes may start with SIGINT ignored, as pytest-xdist's do: a shell's start with it on)
