@@ -187,3 +187,15 @@ def test_the_gpu_script_runs_its_parts_end_to_end_on_the_cpu(tmp_path):
     assert summary.count("the same step on images in memory") == 2 and "90 epochs of 1,281,167 images" in summary
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as t:
         assert {"runs/streamed-b16/estimate.txt", "runs/imagenet-s16/estimate.txt"} <= set(t.getnames())
+
+
+def test_photo_crops_need_the_size_they_cut_to_before_any_file_is_read():
+    from vitkit.training.build import run_crop
+
+    with pytest.raises(ValueError, match="give --img-size N"):  # the folder's recipe is chosen after the read
+        run_crop({"inception_crop": 0.08})
+    with pytest.raises(ValueError, match="inception_crop must be > 0 and <= 1, got 1.5"):
+        run_crop({"inception_crop": 1.5, "model_args": {"img_size": 64}})
+    assert run_crop({"crop_pct": 0.875, "model": "vit_small_patch16_224"}) == {
+        "img_size": [224, 224], "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bilinear"}
+    assert run_crop({"inception_crop": 0.08, "model_args": {"img_size": 64}})["train_area"] == [0.08, 1.0]

@@ -13,6 +13,7 @@ from ..data.images import crop_spec
 from ..data.naflex import NaFlexImages, as_naflex
 from ..interop.pretrained import init_image_size, init_preprocessing, load_init
 from ..model.config import ViTConfig, to_2tuple
+from ..model.fields import check_range
 from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer, set_attention
@@ -117,8 +118,14 @@ def run_crop(settings: dict[str, Any]) -> dict[str, Any] | None:
     crop_pct, area = settings.get("crop_pct"), settings.get("inception_crop")
     if not spec and not crop_pct and not area:
         return None
+    for k in ("crop_pct", "inception_crop"):  # before any file is read
+        check_range("train config", k, settings.get(k), 0, 1, lo_open=True)
     if not spec:
-        size = model_args.get("img_size") or get_config(settings.get("model") or "vit_nano_patch2_8").img_size
+        model = settings.get("model")
+        size = model_args.get("img_size") or (get_config(model).img_size if model else None)
+        if size is None:  # the recipe is chosen from the images, after they are read: its size is not known yet
+            raise ValueError("--crop-pct and --inception-crop cut photos to the size the model reads: give "
+                             "--img-size N (or a --model or --recipe, whose size it is)")
         h, w = to_2tuple(size)
         spec = {"img_size": [h, w], "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear"}
     if crop_pct:
