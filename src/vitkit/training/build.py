@@ -115,11 +115,9 @@ def run_crop(settings: dict[str, Any]) -> dict[str, Any] | None:
     cover); None: every image resized whole."""
     model_args = settings.get("model_args") or {}
     spec = init_crop(settings.get("init"), model_args)
-    crop_pct, area = settings.get("crop_pct"), settings.get("inception_crop")
+    crop_pct, area = (_fraction(settings, k) for k in ("crop_pct", "inception_crop"))  # before any file is read
     if not spec and not crop_pct and not area:
         return None
-    for k in ("crop_pct", "inception_crop"):  # before any file is read
-        check_range("train config", k, settings.get(k), 0, 1, lo_open=True)
     if not spec:
         model = settings.get("model")
         size = model_args.get("img_size") or (get_config(model).img_size if model else None)
@@ -131,6 +129,19 @@ def run_crop(settings: dict[str, Any]) -> dict[str, Any] | None:
     if crop_pct:
         spec = {**spec, "crop_pct": float(crop_pct), "crop_mode": "center"}
     return {**spec, "train_area": [float(area), 1.0]} if area else spec
+
+
+def _fraction(settings: dict[str, Any], key: str) -> float | None:
+    """``settings[key]`` as a share in (0, 1], or None; YAML's ``8e-2`` arrives as text and is taken as meant."""
+    v = settings.get(key)
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"train config: {key} must be a number, got {v!r}") from None
+    check_range("train config", key, v, 0, 1, lo_open=True)
+    return v
 
 
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
