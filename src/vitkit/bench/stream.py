@@ -86,7 +86,8 @@ def report(cost: StreamCost, epochs: float, images: int, say: Callable[[str], No
            processes: tuple[int, ...] = (1, 8)) -> None:
     """The measured rates, then the schedule's hours at the streamed rate on 1 and 8 such devices."""
     share = cost.streamed / cost.in_memory
-    say(f"streamed step: {cost.streamed:,.0f} img/s on {cost.device} (batch {cost.batch}, {cost.workers} workers); "
+    workers = f"{cost.workers} worker{'s' if cost.workers != 1 else ''}"
+    say(f"streamed step: {cost.streamed:,.0f} img/s on {cost.device} (batch {cost.batch}, {workers}); "
         f"the same step on images in memory: {cost.in_memory:,.0f} img/s ({share:.0%} of it streamed)")
     say(f"the workers alone read, decode and cut {cost.reading:,.0f} img/s")
     for n in processes:
