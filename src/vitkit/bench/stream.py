@@ -17,7 +17,7 @@ import torch
 from ..data.splits import DataSplits, ImageTensors
 from ..runtime.device import resolve_device
 from ..training.config import TrainConfig
-from .timing import interleaved_throughput, sync
+from .timing import interleaved_throughput
 from .training import vitkit_train_steps
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k's training split (ILSVRC-2012)
@@ -76,10 +76,8 @@ def stream_cost(cfg: TrainConfig, data: DataSplits, plan: object, steps: int = 3
     fns = [vitkit_train_steps(cfg, d, steps, warmup, plan) for d in (data, memory)]  # type: ignore[arg-type]
     streamed, in_memory = interleaved_throughput(fns, steps * cfg.batch_size, warmup=0, repeats=repeats,
                                                  device=device)
-    sync(device)
-    workers = data.train.workers
     reading = reading_rate(data, cfg.batch_size, max(steps + warmup, 8))
-    return StreamCost(streamed, in_memory, reading, workers, cfg.batch_size, str(device))
+    return StreamCost(streamed, in_memory, reading, data.train.workers, cfg.batch_size, str(device))
 
 
 def report(cost: StreamCost, epochs: float, images: int, say: Callable[[str], None] = print,

@@ -102,7 +102,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 h, w = crop["img_size"]
                 say(f"photos prepared as the weights' publisher prepares them, for training, eval, predict and serve "
                     f"alike: short side to {h / crop['crop_pct']:.0f} ({crop['interpolation']}), centre {h}x{w} crop")
-        merged.update({k: v for k, v in read_recipe(name).items() if k != "dataset"})
+        merged.update({k: v for k, v in (shipped or read_recipe(name)).items() if k != "dataset"})
         users_model = given.get("model") or file_cfg.get("model")
         if users_model and users_model != merged.get("model"):
             _for_users_model(merged, users_model, {**file_cfg.get("model_args", {}), **src.model_args}, name, say)
