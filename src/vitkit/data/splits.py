@@ -34,8 +34,9 @@ class ImageTensors:
         return tuple(self.images.shape)  # type: ignore[return-value]
 
     def identity(self) -> str:
-        """Which images these are, as a resume checks it: their count and a digest of their labels and shape."""
-        digest = hashlib.sha256(self.labels.numpy().tobytes() + str(self.shape).encode()).hexdigest()[:16]
+        """Which images these are, as a resume checks it: their count and a digest of their labels and shape (read
+        from wherever the labels live: on a GPU they are copied to the host first)."""
+        digest = hashlib.sha256(self.labels.cpu().numpy().tobytes() + str(self.shape).encode()).hexdigest()[:16]
         return f"{len(self)} images, {digest}"
 
     def subset(self, idx: torch.Tensor) -> "ImageTensors":
@@ -88,7 +89,7 @@ class DataSplits:
         comparison sees the same ones, and a smaller fraction's images are among a larger one's."""
         if fraction >= 1:
             return self
-        labels = self.train.labels
+        labels = self.train.labels.cpu()  # (resident on a GPU: the choice is made on the host, then cut there)
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
         keep = []
         for c in labels.unique().tolist():

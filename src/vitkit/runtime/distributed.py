@@ -8,6 +8,7 @@ import signal
 import sys
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -137,3 +138,12 @@ def broadcast_ints(values: list[int], device: torch.device) -> list[int]:
     t = torch.tensor(values, device=device)
     dist.broadcast(t, src=0)
     return [int(v) for v in t]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` on every rank, rank 0's first (``[obj]`` outside a process group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

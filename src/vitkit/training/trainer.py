@@ -25,7 +25,7 @@ from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
 from ..runtime.device import resolve_device
-from ..runtime.distributed import any_rank, broadcast_ints, local_rank, rank_and_world
+from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
 from ..runtime.precision import autocast_for, matmul_precision
 from .budget import TimeBudget
@@ -124,13 +124,20 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
     # ------------------------------------------------------------------------------------------ state
-    def _train_state(self) -> dict[str, Any]:
+    def _rng_state(self) -> dict[str, Any]:
+        """This process's random state: the CPU's, the augmentation generator's, and its own GPU's alone (not every
+        visible GPU's: a resume may see fewer, and each rank draws from its own)."""
         rng = {"torch": torch.get_rng_state(), "gen": self.gen.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return rng
+
+    def _train_state(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """What ``--resume`` needs; ``rng_ranks``: every rank's random state (``gather_objects``), rank 0's first."""
+        rng_ranks = rng_ranks or [self._rng_state()]
         return {"model": self.module.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
-                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng,
-                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng_ranks[0],
+                "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity()}
@@ -146,12 +153,13 @@ class Trainer:
         if self.ema is not None and s["ema"] is not None:
             self.ema.load_state_dict(s["ema"])
         self.optimizer.load_state_dict(s["optimizer"])
-        self.scaler.load_state_dict(s["scaler"])
-        torch.set_rng_state(s["rng"]["torch"])
-        self.gen.set_state(s["rng"]["gen"])
-        if "cuda" in s["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(s["rng"]["cuda"])
+        if self.scaler.is_enabled() and s.get("scaler"):
+            self.scaler.load_state_dict(s["scaler"])
+        elif self.scaler.is_enabled():  # saved by a bf16/fp32 run: fp16's loss scale starts at its default
+            self.log(f"--precision fp16: the run was saved without a loss scale (not in fp16); it starts at "
+                     f"{self.scaler.get_scale():g}")
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
+        self._set_rng_state(s)
         self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
         if self.budget:  # keep the plan that fitted the schedule into the budget
@@ -162,6 +170,28 @@ class Trainer:
         self._check_same_images(s.get("train_images"))
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
+
+    def _set_rng_state(self, s: dict[str, Any]) -> None:
+        """Each rank continues from its own random state; with another number of processes than saved, each draws
+        from a seed of (seed, rank, step), so that no two ranks draw the same crops (rank 0's state on every rank
+        would)."""
+        ranks = s.get("rng_ranks") or [s["rng"]]
+        if len(ranks) == self.world:
+            rng = ranks[self.rank]
+            torch.set_rng_state(rng["torch"])
+            self.gen.set_state(rng["gen"])
+            cuda = rng.get("cuda")
+            if isinstance(cuda, (list, tuple)):  # written by an older vitkit: every visible GPU's state
+                cuda = cuda[min(self.device.index or 0, len(cuda) - 1)] if cuda else None
+            if cuda is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(cuda, self.device)
+            return
+        seed = (self.cfg.seed * 1000 + self.rank) * 1_000_003 + self.step
+        torch.manual_seed(seed)
+        self.gen.manual_seed(seed)
+        if self.is_main:
+            self.log(f"resuming with {self.world} process{'es' if self.world > 1 else ''} where {len(ranks)} saved "
+                     "their random states: each draws from a new seed of (--seed, rank, step)")
 
     def _check_same_images(self, saved: str | None) -> None:
         """Training images added or deleted since the run stopped (a streamed folder is read again, not cached):
@@ -186,9 +216,13 @@ class Trainer:
         self.stop_requested = True
 
     def _save(self, name: str, with_state: bool = True) -> None:
+        """Rank 0 writes ``name``/; with the training state, every rank's random state goes into it (a collective:
+        every rank calls this)."""
+        rng_ranks = gather_objects(self._rng_state()) if with_state and self.out else None
         if self.is_main and self.out:
             to_save = self.ema.module if self.ema is not None else self.module
-            save_checkpoint(self.out, name, to_save, self.preprocessing, self._train_state() if with_state else None)
+            save_checkpoint(self.out, name, to_save, self.preprocessing,
+                            self._train_state(rng_ranks) if with_state else None)
 
     def _set_plan(self, plan: tuple[int, int, int] | None) -> None:
         """Adopt a time-limit plan (rank 0's on every rank: ranks time themselves differently): total steps, warmup
@@ -200,8 +234,9 @@ class Trainer:
             self.budget.next_check = next_check
 
     def _diverged(self, loss: float) -> None:
+        rng_ranks = gather_objects(self._rng_state()) if self.out else None
         if self.is_main and self.out:
-            save_checkpoint(self.out, "diverged", self.module, self.preprocessing, self._train_state())
+            save_checkpoint(self.out, "diverged", self.module, self.preprocessing, self._train_state(rng_ranks))
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
