@@ -95,8 +95,9 @@ class _OnDevice(TorchDispatchMode):
         tensors = _tensors(args) + _tensors(kwargs)
         gpu = any(on(t) for t in tensors)
         if gpu:
-            if func in READS:
-                self.shim.counts["device_reads"] += 1
+            if func in READS or (func in INDEXING and any(t is not None and t.dtype in (torch.bool, torch.uint8)
+                                                            for t in _tensors(args[1]))):
+                self.shim.counts["device_reads"] += 1  # (a boolean mask's size is read by the host: nonzero)
             mixed = [t for t in tensors if not on(t) and t.dim() > 0]
             if mixed and not (func in INDEXING and on(args[0])):  # CUDA copies CPU indices over by itself
                 raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
@@ -163,11 +164,21 @@ class _Looks(TorchFunctionMode):
         return out
 
 
-def _generator(device: Any = "cpu") -> torch.Generator:
-    return _REAL_GENERATOR("cpu")  # a GPU's generator, played by a CPU one
-
-
 _REAL_GENERATOR = torch.Generator
+
+
+class _PlayedGenerator(_REAL_GENERATOR):
+    """``torch.Generator(device="cuda")``: a CPU generator that says it is the GPU's (its draws are made where the
+    call says, ``device=...``, and a draw on the GPU with it is not a copy)."""
+
+    def __new__(cls, device: Any = "cpu"):
+        if not _is_cuda(device):
+            return _REAL_GENERATOR(device)
+        return super().__new__(cls, "cpu")
+
+    @property
+    def device(self) -> torch.device:
+        return CUDA
 
 
 @contextlib.contextmanager
@@ -203,7 +214,7 @@ def played_gpu(gpus: int = 1, free_gib: float = 70.0) -> Iterator[PlayedGPU]:
     with contextlib.ExitStack() as stack:
         for name, value in patches.items():
             stack.enter_context(mock.patch.object(torch.cuda, name, value))
-        stack.enter_context(mock.patch.object(torch, "Generator", _generator))
+        stack.enter_context(mock.patch.object(torch, "Generator", _PlayedGenerator))
         stream = mock.Mock(is_capturing=lambda: False, synchronize=lambda: None, query=lambda: True)
         stack.enter_context(mock.patch.object(torch.accelerator, "current_stream", lambda *a: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "current_stream", lambda *a: stream))

@@ -52,7 +52,7 @@ def test_the_colour_classes_are_each_channels_three_bits_of_the_raw_pixels():
 
 def test_mpp_corrupts_half_the_patches_eighty_ten_ten():
     mpp = MaskedPatchPrediction(_encoder(img_size=32))
-    corrupted, to_mask, to_other = mpp.choose(400, 64, torch.Generator().manual_seed(0), torch.device("cpu"))
+    corrupted, to_mask, to_other = mpp.choose(torch.rand(3, 400, 64, generator=torch.Generator().manual_seed(0)))
     assert (corrupted.sum(1) == 32).all()  # exactly 50% of every image's patches
     share = corrupted.sum().item()
     assert abs(to_mask.sum().item() / share - 0.8) < 0.02 and abs(to_other.sum().item() / share - 0.1) < 0.02

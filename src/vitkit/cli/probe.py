@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
           f"({args.pool}, {train[0].shape[1]} dimensions)")
     results = []
     for m in methods:
-        r = (linear_probe(train, val, data.num_classes, args.epochs, args.lr, seed=args.seed) if m == "linear"
-             else knn(train, val, data.num_classes, args.k))
+        r = (linear_probe(train, val, data.num_classes, args.epochs, args.lr, seed=args.seed, device=device)
+             if m == "linear" else knn(train, val, data.num_classes, args.k, device=device))
         results.append(r.row())
         print(f"{r.method}: val top-1 {r.top1:.2f}%" + (f" (train {r.train_top1:.2f}%)" if r.train_top1 is not None
                                                          else ""))

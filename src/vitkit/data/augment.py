@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torchvision.transforms import v2
 
 from ..model import naflex
+from ..model.draws import draw
 from ..model.naflex import NaFlexBatch
 from .datasets import ImageTensors
 
@@ -16,8 +17,8 @@ def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None
         return x
     B, C, H, W = x.shape
     xp = F.pad(x, (padding,) * 4)
-    oy = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)
-    ox = torch.randint(0, 2 * padding + 1, (B,), generator=generator).to(x.device)
+    oy = draw(torch.randint, 0, 2 * padding + 1, (B,), generator=generator, on=x.device)
+    ox = draw(torch.randint, 0, 2 * padding + 1, (B,), generator=generator, on=x.device)
     rows = (oy[:, None] + torch.arange(H, device=x.device))[:, None, :, None]  # b 1 h 1
     cols = (ox[:, None] + torch.arange(W, device=x.device))[:, None, None, :]  # b 1 1 w
     b = torch.arange(B, device=x.device)[:, None, None, None]
@@ -26,8 +27,9 @@ def random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None
 
 
 def random_hflip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    flip = (torch.rand(x.shape[0], generator=generator) < 0.5).to(x.device)[:, None, None, None]
+    flip = (draw(torch.rand, x.shape[0], generator=generator, on=x.device) < 0.5)[:, None, None, None]
     return torch.where(flip, x.flip(-1), x)
+
 
 
 class BatchAugment:
@@ -54,6 +56,11 @@ class BatchAugment:
               ([v2.CutMix(alpha=cutmix, num_classes=num_classes)] if cutmix > 0 else [])
         self.mix = v2.RandomChoice(mix) if mix else None
 
+    def to(self, device: torch.device) -> "BatchAugment":
+        """The standardisation's mean and std kept on ``device``: not copied there again for every batch."""
+        self.mean, self.std = self.mean.to(device), self.std.to(device)
+        return self
+
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 -> float, resized to the model's size, standardised."""
         x = x.float()
@@ -67,7 +74,7 @@ class BatchAugment:
             if train and self.hflip:
                 c = self.mean.numel()
                 p = round((x.patches.shape[-1] / c) ** 0.5)
-                x = naflex.hflip(x, (torch.rand(len(x), generator=generator) < 0.5).to(x.valid.device), p)
+                x = naflex.hflip(x, draw(torch.rand, len(x), generator=generator, on=x.valid.device) < 0.5, p)
             return naflex.normalize(x, self.mean.flatten(), self.std.flatten()), y
         if train:
             if self.aa is not None:

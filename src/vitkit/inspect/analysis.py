@@ -49,13 +49,13 @@ def mean_distance_from_attentions(attns: list[torch.Tensor], num_prefix_tokens: 
                                   patch_size: tuple[int, int]) -> np.ndarray:
     """(layers, heads) "attention distance" in pixels: for each patch query, the attention-weighted distance to the
     patch keys (the class token's share left out and the rest renormalised), averaged over queries and images."""
-    d = patch_distances(grid, patch_size)
+    d = patch_distances(grid, patch_size).to(attns[0].device)
     out = []
     for a in attns:
         p = a.double()[:, :, num_prefix_tokens:, num_prefix_tokens:]  # b h n n
         p = p / p.sum(dim=-1, keepdim=True).clamp_min(1e-12)
         out.append((p * d).sum(-1).mean(dim=(0, 2)))  # b h n -> h
-    return torch.stack(out).numpy()
+    return torch.stack(out).cpu().numpy()
 
 
 # ------------------------------------------------------------------------------------------------ from weights
@@ -66,7 +66,7 @@ def pos_embed_similarity(model) -> np.ndarray:  # type: ignore[no-untyped-def]
         raise ValueError("this model has no position embedding (pos_embed='none')")
     grid = model.patch_embed.grid_size
     e = F.normalize(pe[0, model.config.pos_prefix_tokens:].detach().float(), dim=-1)
-    return (e @ e.T).reshape(*grid, *grid).numpy()
+    return (e @ e.T).reshape(*grid, *grid).cpu().numpy()
 
 
 def filter_components(weight: torch.Tensor, n: int = 28) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +78,7 @@ def filter_components(weight: torch.Tensor, n: int = 28) -> tuple[np.ndarray, np
     _, s, vt = torch.linalg.svd(w, full_matrices=False)
     k = min(n, vt.shape[0])
     var = (s ** 2) / (s ** 2).sum()
-    return vt[:k].reshape(k, *weight.shape[1:]).float().numpy(), var[:k].float().numpy()
+    return vt[:k].reshape(k, *weight.shape[1:]).float().cpu().numpy(), var[:k].float().cpu().numpy()
 
 
 def patch_embed_filters(model, n: int = 28) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -147,4 +147,4 @@ def feature_pca(model, images: torch.Tensor, layer: int = -1,  # type: ignore[no
     proj = (proj - lo) / (hi - lo).clamp_min(1e-12)
     grid = _grid_of(model, images)
     share = (s**2 / (s**2).sum())[:k]
-    return proj.reshape(b, *grid, k).float().numpy(), share.float().numpy()
+    return proj.reshape(b, *grid, k).float().cpu().numpy(), share.float().cpu().numpy()

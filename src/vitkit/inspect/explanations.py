@@ -320,7 +320,7 @@ def _curves(model, images: torch.Tensor, targets: torch.Tensor, orders: torch.Te
         b_idx = torch.tensor([b for b, _ in chunk])
         k = torch.tensor([counts[j] for _, j in chunk])
         chosen = (rank[b_idx] < k[:, None]).float().reshape(-1, 1, *grid)  # the first k patches of each order
-        mask = F.interpolate(chosen, size=(H, W), mode="nearest")
+        mask = F.interpolate(chosen, size=(H, W), mode="nearest").to(images.device)  # (images may be on a GPU)
         x = images[b_idx]
         for curve, keep in ((dele, 1 - mask), (ins, mask)):
             logits = model((x * keep).to(p.device, p.dtype)).float()

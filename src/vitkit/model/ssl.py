@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig, to_2tuple
+from .draws import draw
 from .posembed import sincos_2d_pos_embed
 from .serialization import atomic_write
 from .vit import Block, VisionTransformer
@@ -138,40 +139,55 @@ class MaskedPatchPrediction(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"mask_token"}
 
-    def choose(self, b: int, n: int, generator: torch.Generator | None, device: torch.device
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def noise(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The draws that decide a batch's corruption, (3, B, N) uniforms: which patches (their order), what each
+        becomes, and which other patch replaces it. Drawn outside ``forward`` by the trainer, so that a compiled
+        step is one graph (a generator cannot be traced)."""
+        grid = self.encoder._check_input(x)
+        return draw(torch.rand, 3, len(x), grid[0] * grid[1], generator=generator, on=x.device)
+
+    def choose(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(corrupted, to [mask], to another patch): (B, N) bool each; round(corrupt x N) patches of every image."""
+        _, b, n = noise.shape
         k = max(1, round(self.corrupt * n))
-        order = torch.rand(b, n, generator=generator, device="cpu").argsort(1).to(device)
-        corrupted = torch.zeros(b, n, dtype=torch.bool, device=device).scatter_(1, order[:, :k], True)
-        u = torch.rand(b, n, generator=generator, device="cpu").to(device)
+        order = noise[0].argsort(1)
+        corrupted = torch.zeros(b, n, dtype=torch.bool, device=noise.device).scatter_(1, order[:, :k], True)
+        u = noise[1]
         to_mask = corrupted & (u < self.replace[0])
         to_other = corrupted & (u >= self.replace[0]) & (u < self.replace[0] + self.replace[1])
         return corrupted, to_mask, to_other
 
-    def forward(self, x: torch.Tensor, raw: torch.Tensor, generator: torch.Generator | None = None
-                ) -> SSLOutput:
-        """``x`` the standardised batch the encoder reads, ``raw`` the same images in [0, 1] (the targets)."""
+    def forward(self, x: torch.Tensor, raw: torch.Tensor, generator: torch.Generator | None = None,
+                noise: torch.Tensor | None = None) -> SSLOutput:
+        """``x`` the standardised batch the encoder reads, ``raw`` the same images in [0, 1] (the targets);
+        ``noise`` (``self.noise``) decides the corruption (drawn from ``generator`` when not given)."""
         enc = self.encoder
         grid = enc._check_input(x)
         tokens = enc.patch_embed(x)  # x_p E: (B, N, D)
         b, n, d = tokens.shape
-        corrupted, to_mask, to_other = self.choose(b, n, generator, x.device)
-        other = torch.randint(0, b * n, (b, n), generator=generator).to(x.device)  # any patch of the batch
+        if noise is None:
+            noise = self.noise(x, generator)
+        corrupted, to_mask, to_other = self.choose(noise)
+        other = (noise[2] * (b * n)).long().clamp_max(b * n - 1)  # any patch of the batch
         swapped = tokens.reshape(b * n, d)[other]  # (B, N, D)
         tokens = torch.where(to_mask[..., None], self.mask_token.to(tokens.dtype).expand(b, n, d), tokens)
         tokens = torch.where(to_other[..., None], swapped, tokens)
         z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid)))[:, enc.num_prefix_tokens:]  # (B, N, D)
         pred = self.head(z)
         target = mpp_targets(raw, enc.config.patch_size, self.target)
+        # the means over the corrupted patches are weighted by the mask, not cut out by it: x[mask] makes the host
+        # wait for the device to learn its size (a sync a step on a GPU, and a graph break for torch.compile)
+        m = corrupted.float()  # (B, N)
         if self.target == "l2":  # the whole patch's pixels, by squared error
-            loss = (pred.float() - target).pow(2).mean(-1)[corrupted].mean()
+            loss = ((pred.float() - target).pow(2).mean(-1) * m).sum() / m.sum()
             return SSLOutput(loss, corrupted, pred)
         logits = pred.float().reshape(b, n, -1, colour_classes(enc.config.in_chans))  # (B, N, 1 or 16, classes)
-        target = target.reshape(b, n, -1)
-        loss = F.cross_entropy(logits[corrupted].flatten(0, 1), target[corrupted].flatten())
-        hits = (logits.argmax(-1) == target)[corrupted]
-        return SSLOutput(loss, corrupted, pred, hits.sum(), torch.tensor(hits.numel(), device=hits.device))
+        target = target.reshape(b, n, -1)  # (B, N, cells)
+        cells = target.shape[-1]
+        ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").reshape(b, n, cells)
+        loss = (ce * m[..., None]).sum() / (m.sum() * cells)
+        hits = ((logits.argmax(-1) == target) & corrupted[..., None]).sum()
+        return SSLOutput(loss, corrupted, pred, hits, corrupted.sum() * cells)
 
 
 def colour_of_class(classes: torch.Tensor, channels: int) -> torch.Tensor:
@@ -268,6 +284,12 @@ class MaskedAutoencoder(nn.Module):
     def visible(self) -> int:
         return int(self.encoder.patch_embed.num_patches * (1 - self.mask_ratio))
 
+    def noise(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, N) uniforms whose order decides the mask, as He et al.'s: drawn outside ``forward`` by the trainer,
+        so that a compiled step is one graph (a generator cannot be traced)."""
+        grid = self.encoder._check_input(x)
+        return draw(torch.rand, len(x), grid[0] * grid[1], generator=generator, on=x.device)
+
     def forward(self, x: torch.Tensor, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
                 ) -> SSLOutput:
         """``x`` the standardised batch, which is also what is reconstructed (as He et al. and Hugging Face);
@@ -277,7 +299,7 @@ class MaskedAutoencoder(nn.Module):
         tokens = enc.patch_embed(x)  # (B, N, D)
         b, n, _ = tokens.shape
         if noise is None:
-            noise = torch.rand(b, n, generator=generator).to(x.device)
+            noise = self.noise(x, generator)
         keep, mask, restore = random_order(noise, int(n * (1 - self.mask_ratio)))
         z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid, keep)))  # the visible patches and the prefix
         pred = self.decode(z, restore)
@@ -382,3 +404,10 @@ def build_ssl(encoder: VisionTransformer, cfg: dict[str, Any]) -> nn.Module:
         return MaskedPatchPrediction(encoder, cfg.get("target", "mean"), cfg.get("mask_ratio", 0.5),
                                      tuple(cfg.get("replace", (0.8, 0.1, 0.1))))
     raise ValueError(f"self-supervised method {method!r}: expected mpp or mae")
+
+
+def draw_noise(module: nn.Module, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``module``'s ``noise`` for ``x``, through the wrappers a run puts around it (DDP, torch.compile, EMA)."""
+    while not hasattr(module, "noise"):
+        module = getattr(module, "_orig_mod", None) or module.module
+    return module.noise(x, generator)

@@ -40,8 +40,14 @@ def distributed_device(device: str = "auto") -> torch.device:
     """The device this rank trains on: ``cuda:<local rank>`` where CUDA is used (``auto`` with a GPU, or ``cuda``),
     else the CPU (gloo). More ranks on this machine than GPUs is refused before any process group exists: NCCL
     fails with "invalid usage" when two ranks share a GPU."""
-    if not check_ranks_fit(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))), device):
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if not check_ranks_fit(per_node, device):
         return torch.device("cpu" if device == "auto" else device)
+    named = torch.device(device) if device != "auto" else None
+    if named is not None and named.index is not None and per_node > 1:  # every rank would train on that one GPU
+        raise ValueError(f"--device {device} with {per_node} processes on this machine: each process trains on its "
+                         "own GPU, cuda:<its local rank>. Give --device cuda, and choose the GPUs with "
+                         f"CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES={named.index},... torchrun ...)")
     return torch.device("cuda", local_rank())
 
 

@@ -59,7 +59,7 @@ def inference_candidates(device: torch.device) -> list[dict[str, str]]:
     inference on an AMD EPYC with AVX512-BF16, where bf16 is the faster dtype (1726 against 1845 ms for batch 16,
     `python benchmarks/plan_check.py`), so both are candidates."""
     if device.type == "cuda":
-        dtypes = ["bf16", "fp32"] if torch.cuda.is_bf16_supported() else ["fp16", "fp32"]
+        dtypes = ["bf16", "fp32"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp16", "fp32"]
     elif device.type == "cpu":
         dtypes = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
     else:

@@ -117,9 +117,10 @@ class Predictor:
         n = model.config.num_classes
         self.names = preprocessing.get("class_names") or [str(i) for i in range(n)]
         c = model.config
-        probe = torch.zeros(1, c.in_chans, *to_2tuple(c.img_size))
+        self.device = next(model.parameters()).device  # a model on a GPU is given its batches there
+        probe = torch.zeros(1, c.in_chans, *to_2tuple(c.img_size), device=self.device)
         self.threads, self.threads_note = choose_threads(lambda: self.fast.forward_attention(probe), threads,
-                                                         "prediction", next(model.parameters()).device)
+                                                         "prediction", self.device)
         self.workers = self.limits.workers or max(1, usable_cores() // self.threads)
 
     def ask(self, method: str | None = None, target: str | None = None) -> Ask:
@@ -159,16 +160,17 @@ class Predictor:
                 out.append(e)
         if not images:
             return out
-        x = images_to_tensor([im for _, im, _ in images], self.pre, self.model.config)
+        x = images_to_tensor([im for _, im, _ in images], self.pre, self.model.config).to(self.device)
         logits, attns = self.fast.forward_attention(x)
         if self.pre.get("naflex_max_tokens"):  # trained on NaFlex batches: predicted as it trained, and as `vitkit
             # predict` predicts (the overlay is the fixed-size pass's attention)
-            logits = self.fast(images_to_tensor([im for _, im, _ in images], self.pre, self.model.config, naflex=True))
-        probs = torch.softmax(logits.float(), -1)
+            logits = self.fast(images_to_tensor([im for _, im, _ in images], self.pre, self.model.config,
+                                                naflex=True).to(self.device))
+        probs = torch.softmax(logits.float(), -1).cpu()
         top = probs.topk(min(topk, probs.shape[-1]))
         grid = self.model.patch_embed.grid_for(tuple(x.shape[-2:]))
         rollout = rollout_from_attentions(attns, self.model.num_prefix_tokens, grid,
-                                          readout=self.model.num_readout_tokens).numpy()
+                                          readout=self.model.num_readout_tokens).cpu().numpy()
         for j, (i, image, ask) in enumerate(images):
             target = int(probs[j].argmax()) if ask.target is None else ask.target
             # a class-agnostic map (rollout, attention-last) explains no class: it is the same for all

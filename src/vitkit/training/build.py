@@ -185,6 +185,8 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     if cfg.needs_plan:
         raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
     apply_layout(model, cfg.attention, cfg.channels_last)
+    if device.type == "cuda":  # the steps' shapes are fixed: cuDNN's search for the convolutions' (stem, patch
+        torch.backends.cudnn.benchmark = True  # embedding) fastest algorithm is paid once
     if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                     find_unused_parameters=cfg.objective != "classify")

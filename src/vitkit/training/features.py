@@ -58,15 +58,17 @@ class ProbeResult:
 
 
 def linear_probe(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], num_classes: int,
-                 epochs: int = 100, lr: float = 0.1, batch_size: int = 256, seed: int = 0) -> ProbeResult:
+                 epochs: int = 100, lr: float = 0.1, batch_size: int = 256, seed: int = 0,
+                 device: torch.device | str = "cpu") -> ProbeResult:
     """MAE's linear probe on fixed features: BatchNorm1d(affine=False) then a linear layer, trained by SGD with
     momentum 0.9 and a cosine schedule, no weight decay (their LARS at a batch of 16,384 is for ImageNet's size).
-    Top-1 on ``val`` after the last epoch."""
+    Top-1 on ``val`` after the last epoch; trained on ``device`` (the features are moved there)."""
     g = torch.Generator().manual_seed(seed)
-    (x, y), (xv, yv) = train, val
+    (x, y), (xv, yv) = ((a.to(device), b.to(device)) for a, b in (train, val))
     head = nn.Sequential(nn.BatchNorm1d(x.shape[1], affine=False, eps=1e-6), nn.Linear(x.shape[1], num_classes))
     nn.init.trunc_normal_(head[1].weight, std=0.01)
     nn.init.zeros_(head[1].bias)
+    head.to(device)
     opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=0.9)
     steps = epochs * max(1, -(-len(x) // batch_size))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
@@ -88,15 +90,15 @@ def linear_probe(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tens
 
 
 def knn(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], num_classes: int,
-        k: int = 20, temperature: float = 0.07, chunk: int = 1024) -> ProbeResult:
+        k: int = 20, temperature: float = 0.07, chunk: int = 1024, device: torch.device | str = "cpu") -> ProbeResult:
     """DINO's weighted k-NN on L2-normalised features: each validation image's ``k`` most cosine-similar training
-    images vote for their class with weight exp(similarity / ``temperature``)."""
-    (x, y), (xv, yv) = train, val
+    images vote for their class with weight exp(similarity / ``temperature``); computed on ``device``."""
+    (x, y), (xv, yv) = ((a.to(device), b.to(device)) for a, b in (train, val))
     x, xv = F.normalize(x, dim=1), F.normalize(xv, dim=1)
     k = min(k, len(x))
     hits = 0
     for i in range(0, len(xv), chunk):
         sim, idx = (xv[i:i + chunk] @ x.T).topk(k, dim=1)  # (b, k)
-        votes = torch.zeros(len(sim), num_classes).scatter_add_(1, y[idx], (sim / temperature).exp())
+        votes = torch.zeros(len(sim), num_classes, device=sim.device).scatter_add_(1, y[idx], (sim / temperature).exp())
         hits += int((votes.argmax(1) == yv[i:i + chunk]).sum())
     return ProbeResult(f"knn (k={k})", 100.0 * hits / max(len(xv), 1))

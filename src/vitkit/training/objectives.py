@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
-from ..model.ssl import SSL_CONFIG, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl, load_ssl
+from ..model.ssl import (SSL_CONFIG, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl, draw_noise,
+                         load_ssl)
 from ..interop.mae import from_hf_mae, is_hf_mae
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
@@ -103,9 +104,10 @@ class SelfSupervised(Classify):
         return (x.float() * self.std.to(x.device) + self.mean.to(x.device)).clamp(0, 1)
 
     def out(self, fwd: Callable[..., Any], x: torch.Tensor, generator: torch.Generator | None) -> SSLOutput:
+        noise = draw_noise(fwd, x, generator)  # outside the (maybe compiled) step: one graph, the same draws
         if self.cfg.objective == "mpp":
-            return fwd(x, self.raw(x), generator=generator)
-        return fwd(x, generator=generator)
+            return fwd(x, self.raw(x), noise=noise)
+        return fwd(x, noise=noise)
 
     def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
              generator: torch.Generator | None = None) -> torch.Tensor:
@@ -119,13 +121,13 @@ class SelfSupervised(Classify):
         all-reduced."""
         was_training = module.training
         module.eval()
-        gen = torch.Generator().manual_seed(SSL_SEED + rank)
+        gen = torch.Generator(device=device).manual_seed(SSL_SEED + rank)  # (the masks drawn where they are used)
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x images, images, hits, masked patches
         for x, y in batches(split, torch.arange(rank, len(split), world), batch_size, drop_last=False, device=device):
             x, _ = self.augment(x, y, train=False)
             with autocast_for(device, precision):
                 out = self.out(module, x, gen)
-            sums[0] += float(out.loss) * len(y)
+            sums[0] += out.loss.double() * len(y)  # (summed on the device: read once, at the end)
             sums[1] += len(y)
             if out.correct is not None:
                 sums[2] += out.correct.double()

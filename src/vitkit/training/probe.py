@@ -25,8 +25,8 @@ def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True)
     only for a model with a CNN stem (``hybrid``): elsewhere it moves one small convolution."""
     if cfg.precision != "auto":
         precisions = [cfg.precision]
-    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        precisions = ["fp32"]
+    elif device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        precisions = ["fp16", "fp32"]  # (T4, V100: bf16 would be emulated; fp16 has their tensor cores)
     elif device.type == "cuda":  # fp32 with TF32 matmuls where the GPU has TF32 tensor cores (Ampere on)
         precisions = ["bf16", "tf32", "fp32"] if torch.cuda.get_device_capability(device)[0] >= 8 else ["bf16", "fp32"]
     elif device.type == "cpu":
@@ -69,7 +69,8 @@ class StepProbe:
                  ) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
         ``augment``): for timing the data pipeline with the step it feeds."""
-        m = self.objective.wrap(copy.deepcopy(self.model)).train()  # the model and the objective's parts
+        # the model and the objective's parts (new ones are built on the CPU: moved to where the model is)
+        m = self.objective.wrap(copy.deepcopy(self.model)).to(self.device).train()
         apply_layout(m, s["attention"], s["channels_last"])
         cfg = TrainConfig.from_dict({**self.cfg.to_dict(), "precision": s["precision"], "compile": False,
                                      "attention": "sdpa", "channels_last": False, "tiers": None})
@@ -78,7 +79,7 @@ class StepProbe:
         opt = build_optimizer(m, cfg)
         fwd = torch.compile(m) if compiled else m
         objective, device, precision, aug = self.objective, self.device, s["precision"], self.augment
-        gen = torch.Generator().manual_seed(0)  # the masks of a self-supervised objective
+        gen = torch.Generator(device=device).manual_seed(0)  # the masks of a self-supervised objective, drawn there
 
         def step(x: torch.Tensor, target: torch.Tensor) -> None:
             if augment:

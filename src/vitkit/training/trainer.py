@@ -39,6 +39,9 @@ from .runlog import RunLog
 from .ssl_figure import FIGURE_IMAGES, draw, ssl_pictures
 
 
+READ_LOSS_EVERY = 16  # batches between two reads of the loss on an accelerator (each read waits for the device)
+
+
 class TrainingDiverged(RuntimeError):
     """The loss became NaN/Inf; the state at that step was written to ``<output>/diverged``."""
 
@@ -67,6 +70,8 @@ class Trainer:
         self.rank, self.world = rank_and_world()
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
         self.device = resolve_device(cfg.device, local_rank())
+        if self.world > 1 and self.device.type == "cuda":  # the rank's own GPU, the one NCCL bound it to
+            self.device = torch.device("cuda", local_rank())
         self.precision = cfg.precision
         if self.precision == "tf32" and self.device.type != "cuda":  # TF32 tensor cores: fit() runs under them
             raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 or "
@@ -95,7 +100,11 @@ class Trainer:
                                  cfg.warmup_epochs * self.steps_per_epoch,
                                  cfg.batch_size * cfg.grad_accum * self.world, len(self.data.val)) \
             if cfg.time_limit else None
-        self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.rank)
+        # the augmentation's and the masks' draws, made on the training device (no copy from the host a step)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank)
+        # a CPU computes each loss before the next line runs: reading it every batch costs nothing there; a GPU
+        # would wait for the queued work at each read
+        self.read_every = 1 if self.device.type == "cpu" else READ_LOSS_EVERY
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -math.inf, 0.0
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
@@ -112,7 +121,7 @@ class Trainer:
         mc = self.model.config
         self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
                                     mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
-                                    cutmix=cfg.cutmix, aa_magnitude=cfg.aa_magnitude)
+                                    cutmix=cfg.cutmix, aa_magnitude=cfg.aa_magnitude).to(self.device)
         if cfg.freeze_body:
             self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
         # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)
@@ -257,30 +266,52 @@ class Trainer:
         release_free_memory()  # (after an evaluation: its freed heap goes back before the steps allocate theirs)
         seen, t0 = 0, time.time()
         t_batch = t0
+        # the losses summed where they are computed, read (one wait for the device) every `read_every` batches: the
+        # divergence check, the epoch's loss, the progress bar and the ranks' stop vote happen at those reads
+        pending, pending_n = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for x, y in it:
             if self.step >= self.total_steps:
                 break
             x, target = self.augment(x, y, train=True, generator=self.gen)
             with autocast_for(self.device, self.precision):
                 loss = self.objective.loss(self.train_model, x, target, self.gen)
-            lv = float(loss.detach())
-            if any_rank(not math.isfinite(lv), self.device):
-                self._diverged(lv)
+            pending += loss.detach().double() * len(y)
+            pending_n += len(y)
+            read = (self.batch_in_epoch + 1) % self.read_every == 0
+            if read:  # (before the backward: a NaN loss is never stepped on when it is read at once)
+                lv = self._read_loss(pending, pending_n)
+                pending_n = 0
             self.scaler.scale(loss / cfg.grad_accum).backward()
             self.batch_in_epoch += 1
             if self.batch_in_epoch % cfg.grad_accum == 0:
                 self._optimizer_step()
             seen += len(y)
-            self.epoch_loss = [self.epoch_loss[0] + lv * len(y), self.epoch_loss[1] + len(y)]
             self.batch_seconds, t_batch = time.time() - t_batch, time.time()
             bar.update(1)
-            bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                            img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
+            if read:
+                bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                                img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
+                if any_rank(self.stop_requested, self.device):
+                    self.stop_requested = True
+                    break
+        if pending_n:
+            self._read_loss(pending, pending_n)
             if any_rank(self.stop_requested, self.device):
                 self.stop_requested = True
-                break
         bar.close()
         return self.epoch_loss[0] / max(self.epoch_loss[1], 1), seen * self.world / max(time.time() - t0, 1e-6)
+
+    def _read_loss(self, pending: torch.Tensor, n: int) -> float:
+        """The mean loss of the ``n`` images summed in ``pending`` since the last read (the one wait for the device
+        in ``read_every`` batches), added to the epoch's; a NaN or Inf on any rank stops the run. ``pending`` is
+        zeroed for the next stretch."""
+        total = float(pending)
+        pending.zero_()
+        lv = total / n
+        if any_rank(not math.isfinite(lv), self.device):
+            self._diverged(lv)
+        self.epoch_loss = [self.epoch_loss[0] + total, self.epoch_loss[1] + n]
+        return lv
 
     def _optimizer_step(self) -> None:
         cfg = self.cfg
