@@ -26,7 +26,7 @@ def rollout_from_attentions(attns: list[torch.Tensor], num_prefix_tokens: int, g
     layers. Returns (B, gh, gw): how much the output token draws on each patch - the class token, or for GAP
     models the mean over patch tokens (what the head sees); ``readout`` as in ``readout_rows``."""
     B, _, T, _ = attns[0].shape
-    eye = torch.eye(T, dtype=torch.float64)
+    eye = torch.eye(T, dtype=torch.float64, device=attns[0].device)
     rollout = eye.expand(B, T, T).clone()
     for a in attns:
         a = a.double().mean(dim=1)  # b h t t -> b t t
