@@ -35,6 +35,8 @@ def step_s(batch: int, precision: str, compiled: bool = False) -> float:
     """Seconds per step at ``batch``: measured, or interpolated (log-log) between the measured batches."""
     pts = sorted((int(r["batch"]), float(r["ms_per_step"]) / 1e3) for r in ROWS
                  if r["precision"] == precision and (r["compiled"] == "yes") == compiled)
+    if batch in dict(pts):
+        return dict(pts)[batch]
     for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
         if b0 <= batch <= b1:
             t = math.log(batch / b0) / math.log(b1 / b0)
@@ -55,7 +57,17 @@ class ReplayedProbe:
         def step():
             return None
         step.replay = (self.n, s["precision"], compiled)
+        step.factor = self.factor
         return step
+
+    @property
+    def factor(self) -> float:
+        """How much slower this probe's model steps than the recipe's (an upward tier's larger model)."""
+        return LARGER_MODEL_FACTOR if self.cfg.model_args.get("embed_dim", 128) != 128 else 1.0
+
+
+LARGER_MODEL_FACTOR = 3.0  # CCT-7's transformer (width 256, 7 layers) against the recipe's (128, 4), stem alike:
+# a guess, until a GPU measures it; what is asserted is the planner's logic around it
 
 
 @pytest.fixture
@@ -73,9 +85,10 @@ def h200(monkeypatch, tmp_path):
     def time_candidates(what, candidates, make, **kw):
         steps = [make(c) for c in candidates]
         timed.append([s.replay for s in steps])
-        return Calibration(what, [Timing(c, step_s(n, prec, comp) * (1 + 0.02 * (c.get("attention") == "exact")
-                                                                     + 0.01 * bool(c.get("channels_last"))), 3)
-                                  for c, (n, prec, comp) in zip(candidates, (s.replay for s in steps))])
+        return Calibration(what, [Timing(c, s.factor * step_s(n, prec, comp)
+                                         * (1 + 0.02 * (c.get("attention") == "exact")
+                                            + 0.01 * bool(c.get("channels_last"))), 3)
+                                  for c, s, (n, prec, comp) in zip(candidates, steps, (s.replay for s in steps))])
 
     monkeypatch.setattr(cal_mod, "time_candidates", time_candidates)
     monkeypatch.setattr(plan_mod, "time_candidates", time_candidates)
@@ -88,8 +101,13 @@ def h200(monkeypatch, tmp_path):
 
     def time_compile(probe, chosen, device):
         compiles.append((probe.n, chosen["precision"]))
-        eager = step_s(probe.n, chosen["precision"])  # no compiled measurement at this batch: no gain assumed
-        return Calibration("compile", [Timing({"compiled": False}, eager, 3), Timing({"compiled": True}, eager, 3)],
+        eager = step_s(probe.n, chosen["precision"]) * probe.factor
+        try:  # measured compiled (4096: bf16 146,795 img/s); elsewhere no gain assumed
+            compiled = step_s(probe.n, chosen["precision"], compiled=True) * probe.factor
+        except KeyError:
+            compiled = eager
+        return Calibration("compile (the chosen step)", [Timing({"compiled": False}, eager, 3),
+                                                         Timing({"compiled": True}, compiled, 3)],
                            extra={"compile_s": 15.1})
 
     monkeypatch.setattr(plan_mod, "_time_compile", time_compile)
@@ -100,19 +118,46 @@ def h200(monkeypatch, tmp_path):
 
 
 def test_every_setting_is_timed_at_the_batch_the_run_trains_with(h200):
-    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 4.0})
+    recipe = read_recipe("cifar10")
+    cfg = TrainConfig.from_dict({**recipe, "dataset": "folder", "time_limit": 4.0,
+                                 "tiers": [t for t in recipe["tiers"] if "below" in t]})  # (upward: the next test)
     cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
-    # the batch first: doubled from 128 while bf16's step gets 10% faster; 2048 would leave 24 steps an epoch (< 32)
-    assert cfg.batch_size == 1024 and any("-> 1024" in n for n in p.notes)
-    # then precision and attention, all timed at 1024 (bf16 48,812 img/s; tf32 39,352; fp32 32,548), never at 128
-    assert h200.timed and all(n == 1024 for stage in h200.timed for n, _, _ in stage)
+    # the batch first: doubled from 128 while bf16's step gets 5% faster (2048: 1.055x, 4096: 1.056x), as long as an
+    # epoch keeps 12 steps (the 32 of before stopped it at 1024, where the H100 ran a third of what it could)
+    assert cfg.batch_size == 4096 and any("-> 4096" in n for n in p.notes)
+    # then precision and attention, all timed at 4096, never at 128
+    assert h200.timed and all(n == 4096 for stage in h200.timed for n, _, _ in stage)
     assert {prec for stage in h200.timed for _, prec, _ in stage} == {"bf16", "tf32", "fp32"}
     assert p.chosen["precision"] == "bf16" and p.chosen["attention"] == "sdpa"
-    # the epochs the budget buys, at the chosen step and batch: ~180, not the 47.4 estimated at batch 128
-    assert p.epochs_affordable > 150 and p.tier is None
-    # compile timed at 1024 in bf16, its cost the GPU's (15 s), not the CPU's 30-s prior that kept it off there
-    assert h200.compiles == [(1024, "bf16")]
-    assert cfg.lr == pytest.approx(0.002 * 8 ** 0.5)  # AdamW: square-root scaling for 8x the batch
+    # compile timed at 4096 in bf16 (its cost the GPU's, 15 s), and on: 146,795 img/s against 54,377 eager
+    assert h200.compiles == [(4096, "bf16")] and p.chosen["compile"] is True
+    assert cfg.lr == pytest.approx(0.002 * 32 ** 0.5)  # AdamW: square-root scaling for 32x the batch
+    # the schedule from the compiled step: its epochs are ~2.7 times the eager step's, grown up to max_epochs
+    assert cfg.epochs == recipe["max_epochs"] and any("a longer schedule" in n for n in p.notes)
+
+
+def test_a_gpu_budget_takes_the_upward_tier_from_the_replayed_steps(h200):
+    """On the H200's steps a 5-minute CIFAR-10 budget buys hundreds of epochs of the recipe's model: the tier above
+    250 (CCT-7's transformer on the stem) is taken where its own (3x slower) step still buys the recipe's 100 epochs,
+    with its own batch, and not where it would not."""
+    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 5.0})
+    cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
+    assert p.tier is not None and p.tier["above"] == 250 and cfg.model_args["embed_dim"] == 256
+    assert cfg.model_args["drop_path_rate"] == 0.1 and cfg.mixup == 0.8
+    assert any("tier above 250" in n for n in p.notes) and cfg.batch_size == 4096
+    assert p.epochs_affordable > 100  # (the tier's own model, compiled: what its schedule was grown from)
+    assert any("the tier's model" in c.what for c in p.calibrations)
+    assert 100 <= cfg.epochs <= 400
+    fmnist = TrainConfig.from_dict({**read_recipe("fashion-mnist"), "time_limit": 3.0})
+    x = torch.zeros(60_000, 1, 1, 1, dtype=torch.uint8)
+    data = DataSplits("replayed fashion-mnist", ImageTensors(x, torch.arange(60_000) % 10),
+                      ImageTensors(x[:10_000], torch.arange(10_000) % 10), [str(i) for i in range(10)])
+    fmnist, p = plan_mod.make_plan(fmnist, data, "fashion-mnist", log=lambda s: None, device=torch.device("cuda", 0))
+    assert p.tier is not None and p.tier["above"] == 150 and fmnist.model_args["depth"] == 8
+    short = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 1.0})
+    short, p = plan_mod.make_plan(short, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0),
+                                  refresh=True)
+    assert short.model_args["embed_dim"] == 128  # a minute buys too few epochs of the larger model
 
 
 def test_a_gpu_with_tf32_cores_times_tf32_and_an_older_one_does_not(h200, monkeypatch):
@@ -169,9 +214,9 @@ def test_a_tier_that_changes_the_model_chooses_its_own_batch_from_the_recipes(h2
     cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
     assert cfg.model_args["depth"] == 2 and p.tier["below"] == 10_000
     assert sum(n.startswith("batch on this GPU") for n in p.notes) == 2
-    assert cfg.batch_size == 1024 and cfg.lr == pytest.approx(0.002 * 8 ** 0.5)  # scaled once
+    assert cfg.batch_size == 4096 and cfg.lr == pytest.approx(0.002 * 32 ** 0.5)  # scaled once
     assert "the tier's model" in p.calibrations[-2].what  # (the last: compile)
-    assert all(n == 1024 for n, _, _ in h200.timed[-1])
+    assert all(n == 4096 for n, _, _ in h200.timed[-1])
 
 
 def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(monkeypatch, tmp_path):
@@ -198,3 +243,4 @@ def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(m
     assert any("the recipe as it is" in n for n in p.notes)
     with pytest.raises(ValueError, match="needs one of below: N or above: N"):
         TrainConfig.from_dict({**base.to_dict(), "tiers": [{"below": 3, "above": 5, "lr": 0.1}]})
+

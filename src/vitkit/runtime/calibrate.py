@@ -241,6 +241,22 @@ def cached(device: torch.device, workload: dict[str, Any]) -> Calibration | None
         return None
 
 
+def cached_of_kind(device: torch.device, kind: str) -> list[Calibration]:
+    """Every stored calibration of this machine and device whose workload is of ``kind`` (any model, any batch)."""
+    me = json.dumps(fingerprint(device), sort_keys=True, default=str)
+    out = []
+    for entry in _read_cache().values():
+        if not isinstance(entry, dict) or (entry.get("workload") or {}).get("kind") != kind:
+            continue
+        if json.dumps(entry.get("machine"), sort_keys=True, default=str) != me:
+            continue
+        try:
+            out.append(Calibration.from_dict(entry))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def store(device: torch.device, workload: dict[str, Any], cal: Calibration) -> None:
     """Add ``cal`` to the cache (written to a temporary file, then renamed: a reader never sees half of it). A cache
     that cannot be written costs the next run a calibration, nothing else."""

@@ -65,6 +65,10 @@ class TimeBudget:
     eval_s: float | None = None  # seconds the last evaluation took ...
     eval_pace: float | None = None  # ... at this pace of training (an evaluation slows with the machine)
     save_s: float = 0.0  # seconds the last epoch end spent saving last/
+    # the most steps a re-plan may grow the schedule to (the recipe's max_epochs): a run faster than planned (a
+    # compiled step, a planner's estimate from an eager one) spends its budget rather than ending early; None: the
+    # planned schedule is the most
+    max_steps: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -90,7 +94,7 @@ class TimeBudget:
         per_step = (max(sec_per_step, 1e-6) + eval_s / (self.steps_per_epoch * self.eval_every)
                     + self.save_s / self.steps_per_epoch)
         affordable = math.floor((remaining - eval_s) / per_step)
-        total = max(step, min(self.planned_steps, step + affordable))
+        total = max(step, min(max(self.planned_steps, self.max_steps or 0), step + affordable))
         return total, int(self.planned_warmup * total / self.planned_steps)
 
     def after_step(self, step: int, elapsed: float, first_step: int = 0) -> tuple[int, int, int] | None:

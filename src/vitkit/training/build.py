@@ -89,14 +89,21 @@ def resident(data: DataSplits, device: torch.device, log: Callable[[str], None] 
     """On a GPU, a dataset that fits in a quarter of its free memory lives there as uint8 (Fashion-MNIST: 55 MB,
     CIFAR-10: 184 MB): each batch is cut and augmented on the GPU, with no per-image CPU work and no copy per step.
     Elsewhere, and for larger sets, the data stays in host memory and each batch is copied."""
-    if device.type != "cuda" or data.streamed:
-        return data
-    size = sum(t.images.nbytes + t.labels.nbytes for t in (data.train, data.val))
-    free, _ = torch.cuda.mem_get_info(device)
-    if size > RESIDENT_SHARE * free:
+    size = resident_bytes(data, device)
+    if not size:
         return data
     log(f"dataset on {device} as uint8 ({size / 2**20:.0f} MiB): batches are cut and augmented there")
     return data.to(device)
+
+
+def resident_bytes(data: DataSplits, device: torch.device) -> int:
+    """The GPU memory ``resident`` will give ``data`` (0: it stays in host memory). The planner takes it from the
+    free memory before it sizes the batch, which is chosen before the data moves."""
+    if device.type != "cuda" or data.streamed or data.train.images.device.type == "cuda":
+        return 0
+    size = sum(t.images.nbytes + t.labels.nbytes for t in (data.train, data.val))
+    free, _ = torch.cuda.mem_get_info(device)
+    return size if size <= RESIDENT_SHARE * free else 0
 
 
 def init_crop(init: str | None, model_args: dict[str, Any]) -> dict[str, Any] | None:

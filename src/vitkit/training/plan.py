@@ -30,25 +30,30 @@ import torch
 
 from ..data.datasets import DataSplits
 from ..data.stream import choose_workers, worker_candidates
-from ..runtime.calibrate import Calibration, Timing, cached, calibrate, store, time_candidates
+from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, calibrate, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
 from ..runtime.threads import choose_threads, threads_for_ranks
+from ..model.vit import VisionTransformer
 from .budget import check_budget, usable_seconds
-from .build import build_data, for_run, model_config
+from .build import build_data, for_run, model_config, resident_bytes
 from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .memory_plan import check_weights_fit, decide_memory
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
 
-# Compile is timed only where a run could repay twice its compile time at this gain over the eager step (what the
-# Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x; 1.12x in bf16
-# on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed): 5-minute runs never pay for a cold one.
+# Compile is timed only where a run could repay twice its compile time at the best gain over the eager step seen on
+# this device: measured there once any compile has been timed (cached), and until then a prior of the device's kind:
+# on CPUs what the Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x
+# (1.12x in bf16 on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed), where 5-minute runs never
+# pay for a cold one; on CUDA GPUs the H200's CIFAR-10 step in bf16 at 4096, 2.7x (results/gpu-train-step-h200.csv)
+# (the CPU's 1.2x had kept an H100's runs eager).
 COMPILE_GAIN = 1.2
+COMPILE_GAIN_PRIOR = {"cpu": COMPILE_GAIN, "cuda": 2.7}
 # a cold compile of a small ViT's step, until measured on this machine (then the measured one, cached): 30-40 s on 2
 # CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
 COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
@@ -187,12 +192,10 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
                                      unbatched if gpu_batch else None, log)
     if cfg.tiers:
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
-    if grow:
-        if cal is None:  # nothing else was timed: the run's own step, for the epochs the budget buys
-            cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
-                            step_workload(cfg, probe.model, probe.n, device), cands[:1], probe.make, refresh=refresh)
-            p.calibrations.append(cal)
-        cfg = _grow_schedule(cfg, data, p, probe, cal, start_time)
+    if grow and cal is None:  # nothing else was timed: the run's own step, for the epochs the budget buys
+        cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
+                        step_workload(cfg, probe.model, probe.n, device), cands[:1], probe.make, refresh=refresh)
+        p.calibrations.append(cal)
     best = cal.best.settings if cal is not None else {}
     fixed = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
     chosen = {k: (best[k] if v == "auto" else v) for k, v in fixed.items()}
@@ -207,6 +210,8 @@ def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, s
         compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)
         p.notes.append(why)
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
+    if grow:  # from the step the run trains: compiled where compile is on (an eager step's epochs are too few)
+        cfg = _grow_schedule(cfg, data, p, probe, _trained_step_s(p, cal, chosen, compile_on), start_time)
     p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
                     channels_last=cfg.channels_last)
     step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
@@ -301,8 +306,13 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
         return cfg
     setting = setting or {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
     free, _ = torch.cuda.mem_get_info(device)
-    batch, trials = choose_batch(_batch_measure(cfg, data, device, setting), cfg.batch_size, len(data.train), free)
+    held = _held_beside_the_step(cfg, data, device)
+    batch, trials = choose_batch(_batch_measure(cfg, data, device, setting), cfg.batch_size, len(data.train),
+                                 max(free - held, 0))
     torch.cuda.empty_cache()
+    if held:
+        p.notes.append(f"GPU memory held beside the step: {held / 2**30:.2f} GiB (the dataset, resident there, and the "
+                       "EMA copy of the weights), out of the free memory the batch is sized to")
     p.notes.append("batch on this GPU: " + ", ".join(
         f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
         for t in trials) + f" -> {batch}")
@@ -312,6 +322,15 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
     p.notes.append(f"batch {cfg.batch_size} -> {batch}: lr {cfg.lr:g} -> {new['lr']:g} "
                    f"({'linear' if cfg.opt == 'sgd' else 'square-root'} scaling), the schedule in epochs unchanged")
     return TrainConfig.from_dict({**cfg.to_dict(), **new, "gpu_batch": False})
+
+
+def _held_beside_the_step(cfg: TrainConfig, data: DataSplits, device: torch.device) -> int:
+    """Bytes the run will hold on the GPU besides what its step peaks at, once the batch is chosen: the dataset when
+    it will live there (build.resident) and the EMA's copy of the parameters."""
+    held = resident_bytes(data, device)
+    if cfg.model_ema:
+        held += 4 * sum(p.numel() for p in VisionTransformer(model_config(cfg, data)).parameters())
+    return held
 
 
 def _batch_measure(cfg: TrainConfig, data: DataSplits, device: torch.device, setting: dict[str, Any]
@@ -370,11 +389,13 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     """The tier the budget buys; a tier that changes the step re-times the candidates close to the best on it, and
     on a GPU (``unbatched``: the config before its batch was chosen) first chooses the tier's model its own batch."""
     _, world = rank_and_world()
-    epochs = affordable_epochs(_budget_left(cfg, start_time), cal.best.seconds or 0.0, probe.n, world,
+    gain, whose = _expected_compile_gain(cfg, device)
+    epochs = affordable_epochs(_budget_left(cfg, start_time), (cal.best.seconds or 0.0) / gain, probe.n, world,
                                len(data.train))
     p.epochs_affordable = round(epochs, 2)
     tier = pick_tier(cfg.tiers or [], epochs)
-    bought = f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model at the fastest step"
+    bought = (f"a {cfg.time_limit:g}-minute budget buys ~{epochs:.1f} epochs of this model at the fastest step"
+              + (f" compiled ({gain:.2f}x the eager step, {whose})" if gain > 1 else ""))
     if tier is None:
         p.notes.append(f"{bought}: the recipe as it is (no tier for {epochs:.1f} epochs)")
         return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
@@ -402,8 +423,8 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
                         refresh=refresh)
     p.calibrations.append(new_cal)
     if "above" in tier:  # a larger model must still get the recipe's epochs in the budget, or it is not worth it
-        now = affordable_epochs(_budget_left(cfg, start_time), new_cal.best.seconds or 0.0, new_probe.n, world,
-                                len(data.train))
+        now = affordable_epochs(_budget_left(cfg, start_time), (new_cal.best.seconds or 0.0) / gain, new_probe.n,
+                                world, len(data.train))
         if now < new.epochs:
             p.tier = None
             p.notes.append(f"... but its step buys only ~{now:.1f} epochs of its {new.epochs}: the recipe as it is")
@@ -415,13 +436,23 @@ GROW_SLACK = 1.25  # a grown schedule asks this much more than the budget is est
 # (training/budget.py: from steps 5-15, then every few seconds) end its cosine at the budget, never past it
 
 
-def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, cal: Calibration,
+def _trained_step_s(p: Plan, cal: Calibration, chosen: dict[str, Any], compiled: bool) -> float:
+    """Seconds a step of the chosen settings takes as the run will train it: the compile calibration's compiled
+    step where compile is on, else the chosen eager one."""
+    if compiled:
+        timed = next((c for c in reversed(p.calibrations) if c.what.startswith("compile")), None)
+        if timed is not None and timed.seconds_of(compiled=True):
+            return timed.seconds_of(compiled=True)
+    return cal.seconds_of(**chosen) or cal.best.seconds or 0.0
+
+
+def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, step_s: float,
                    start_time: float) -> TrainConfig:
     """Upward: a budget that buys more epochs than the recipe's gets a longer schedule, up to ``max_epochs`` (with
-    the warmup in proportion), so that a ``--time-limit`` run uses its budget rather than ending early."""
+    the warmup in proportion), so that a ``--time-limit`` run uses its budget rather than ending early (the run's
+    re-plans grow it further, to max_epochs, where it trains faster than ``step_s``)."""
     _, world = rank_and_world()
-    epochs = affordable_epochs(_budget_left(cfg, start_time), cal.best.seconds or 0.0, probe.n, world,
-                               len(data.train))
+    epochs = affordable_epochs(_budget_left(cfg, start_time), step_s, probe.n, world, len(data.train))
     p.epochs_affordable = round(epochs, 2)
     if epochs <= cfg.epochs:
         return cfg
@@ -435,14 +466,35 @@ def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe
                                   "warmup_epochs": cfg.warmup_epochs * grown / cfg.epochs})
 
 
+def _expected_compile_gain(cfg: TrainConfig, device: torch.device) -> tuple[float, str]:
+    """What compiling is expected to give the step where the run may compile (``compile`` auto or on): the best gain
+    measured on this device, or its kind's prior (``compile_gain``); 1 where it will not compile. The tiers are chosen
+    before compile is timed, on eager steps, and an eager step's epochs undercount a GPU's (2.7x on an H200)."""
+    if cfg.compile is False or cfg.naflex or (device.type == "cpu" and not has_cxx_compiler()):
+        return 1.0, "not compiled"
+    return compile_gain(device)
+
+
 def _changes_step(a: TrainConfig, b: TrainConfig) -> bool:
     keys = ("model_args", "batch_size", "opt", "muon_stem", "muon_embed")
     return any(getattr(a, k) != getattr(b, k) for k in keys)
 
 
-def compile_worth_timing(run_s: float, compile_s: float) -> bool:
-    """Whether a run of ``run_s`` seconds could repay twice ``compile_s`` at the best gain compiling has given."""
-    return run_s * (1 - 1 / COMPILE_GAIN) > 2 * compile_s
+def compile_worth_timing(run_s: float, compile_s: float, gain: float = COMPILE_GAIN) -> bool:
+    """Whether a run of ``run_s`` seconds could repay twice ``compile_s`` at the best ``gain`` compiling has given."""
+    return run_s * (1 - 1 / gain) > 2 * compile_s
+
+
+def compile_gain(device: torch.device) -> tuple[float, str]:
+    """The best eager/compiled ratio measured on this device (any model, cached), or its kind's prior; and which."""
+    gains = []
+    for cal in cached_of_kind(device, "compile"):
+        eager, compiled = (cal.seconds_of(compiled=c) for c in (False, True))
+        if eager and compiled:
+            gains.append(eager / compiled)
+    if gains:
+        return max(gains), "measured here"
+    return COMPILE_GAIN_PRIOR.get(device.type, COMPILE_GAIN), f"the prior for a {device.type} device"
 
 
 def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Plan,
@@ -460,9 +512,10 @@ def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], 
         run_s = 0.0
     prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
     compile_s = known.extra.get("compile_s", prior) if known else prior
-    if not compile_worth_timing(run_s, compile_s):
+    gain, whose = compile_gain(device)
+    if not compile_worth_timing(run_s, compile_s, gain):
         return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
-                       f"gain seen, {COMPILE_GAIN}x; --compile to compile anyway)")
+                       f"gain, {gain:.2f}x, {whose}; --compile to compile anyway)")
     if known is None:
         known = _time_compile(probe, chosen, device)
         store(device, workload, known)

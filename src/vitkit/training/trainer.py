@@ -98,7 +98,8 @@ class Trainer:
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
         self.budget = TimeBudget(cfg.time_limit, self.steps_per_epoch, cfg.eval_every, self.total_steps,
                                  cfg.warmup_epochs * self.steps_per_epoch,
-                                 cfg.batch_size * cfg.grad_accum * self.world, len(self.data.val)) \
+                                 cfg.batch_size * cfg.grad_accum * self.world, len(self.data.val),
+                                 max_steps=cfg.max_epochs * self.steps_per_epoch if cfg.max_epochs else None) \
             if cfg.time_limit else None
         # the augmentation's and the masks' draws, made on the training device (no copy from the host a step)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + self.rank)
