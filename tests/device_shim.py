@@ -215,6 +215,10 @@ def played_gpu(gpus: int = 1, free_gib: float = 70.0) -> Iterator[PlayedGPU]:
         for name, value in patches.items():
             stack.enter_context(mock.patch.object(torch.cuda, name, value))
         stack.enter_context(mock.patch.object(torch, "Generator", _PlayedGenerator))
+        # pinned host memory is a CUDA driver's: a played GPU's DataLoader hands plain host batches to .to("cuda")
+        real_init = torch.utils.data.DataLoader.__init__
+        stack.enter_context(mock.patch.object(torch.utils.data.DataLoader, "__init__",
+                                              lambda self, *a, **k: real_init(self, *a, **{**k, "pin_memory": False})))
         stream = mock.Mock(is_capturing=lambda: False, synchronize=lambda: None, query=lambda: True)
         stack.enter_context(mock.patch.object(torch.accelerator, "current_stream", lambda *a: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "current_stream", lambda *a: stream))

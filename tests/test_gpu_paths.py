@@ -16,7 +16,6 @@ from PIL import Image
 
 from device_shim import played_gpu
 from vitkit import create_model
-from vitkit.data.augment import batches
 from vitkit.training.config import TrainConfig
 from vitkit.training.trainer import READ_LOSS_EVERY, Trainer
 
@@ -27,7 +26,8 @@ def gpu_config(tmp_path, **kw) -> TrainConfig:
     """Every "auto" decided, as a plan would leave them (the planner's GPU timings are replayed in
     test_gpu_replay.py): the run's own paths are what is tested here."""
     base = dict(dataset="digits", epochs=1, device="cuda", precision="fp32", compile=False, batch_size=64,
-                attention="sdpa", channels_last=False, workers=0, output=str(tmp_path / "run"), threads=1)
+                attention="sdpa", channels_last=False, workers=0, output=str(tmp_path / "run"), threads=1,
+                gpu_batch=False)  # (the batch search on a played GPU would time the CPU)
     return TrainConfig(**{**base, **kw})
 
 
@@ -229,3 +229,30 @@ def test_a_gpu_without_native_bf16_times_fp16_not_an_emulated_bf16():
                                          lambda including_emulation=True: including_emulation), \
             mock.patch.object(torch.cuda, "get_device_capability", lambda *a: (7, 0)):
         assert [c["precision"] for c in step_candidates(cfg, torch.device("cuda"))] == ["fp16", "fp32"]
+
+
+def test_a_streamed_run_on_a_gpu_keeps_its_workers_from_epoch_to_epoch(tmp_path, monkeypatch):
+    """Images read from their files by DataLoader workers, trained on the played GPU for two epochs with a
+    checkpoint and an evaluation each: one pool of training workers for the run (persistent), not one an epoch."""
+    from helpers import write_digits_folder
+    import vitkit.data.stream as stream
+
+    made = []
+    real = stream.StreamedImages.loader
+
+    def loader(self, chunks, device, workers=None):
+        out = real(self, chunks, device, workers)
+        made.append(id(out))
+        return out
+
+    monkeypatch.setattr(stream.StreamedImages, "loader", loader)
+    root = write_digits_folder(tmp_path / "d", per_class=12, size=16)
+    cfg = gpu_config(tmp_path, dataset="folder", data_dir=str(root), data_mode="stream", workers=1, epochs=2,
+                     batch_size=16, cache_dir=str(tmp_path / "c"))
+    with played_gpu():
+        t = Trainer(cfg, **QUIET)
+        made.clear()
+        r = t.fit()
+    assert r.epochs == 2 and t.data.train.keep_workers
+    train_loaders = {i for i in made if i == id(t.data.train._kept[1])}
+    assert len(train_loaders) == 1 and made.count(next(iter(train_loaders))) == 2  # the same loader, both epochs

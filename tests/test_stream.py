@@ -14,7 +14,7 @@ import vitkit.data.folder as folder
 from vitkit.cli.main import main
 from vitkit.data.augment import batches
 from vitkit.data.folder import load_folder_splits
-from vitkit.data.stream import choose_workers, worker_candidates
+from vitkit.data.stream import PREFETCH, choose_workers, worker_candidates
 from vitkit.runtime.memory import Memory
 from vitkit.training.config import TrainConfig
 from vitkit.training.trainer import Trainer
@@ -196,7 +196,8 @@ def test_worker_count_is_measured_on_the_pipeline(tmp_path):
                               batches_each=3)
     assert set(rates) == {0, 1, 2} and w in rates and all(r > 0 for r in rates.values())
     assert rates[w] >= 0.95 * max(rates.values())
-    assert sum(seen) == 8 * (1 + 3 + 2 + 3 + 3 + 3)  # warm-up (workers + 1) and timed batches, each candidate
+    # warm-up (PREFETCH batches a worker, + 1: what the workers had queued is not timed) and timed batches, each
+    assert sum(seen) == 8 * ((1 + 3) + (PREFETCH + 1 + 3) + (2 * PREFETCH + 1 + 3))
     assert worker_candidates(2) == [1, 2] and worker_candidates(16) == [1, 2, 4, 8, 16]
 
 

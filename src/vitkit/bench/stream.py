@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ..data.splits import DataSplits, ImageTensors
+from ..data.stream import PREFETCH
 from ..runtime.device import resolve_device
 from ..training.config import TrainConfig
 from .timing import interleaved_throughput
@@ -51,12 +52,20 @@ def in_memory_like(data: DataSplits, n: int, seed: int = 0) -> DataSplits:
 
 
 def reading_rate(data: DataSplits, batch: int, batches: int) -> float:
-    """Images per second the workers read, decode and cut, with no training beside them (their start included:
-    time enough batches for it to matter little)."""
-    idx = list(range(min(len(data.train), batch * batches)))
-    t, n = time.perf_counter(), 0
-    for x, _ in data.train.batches(idx, batch, False, torch.device("cpu")):
-        n += len(x)
+    """Images per second the workers read, decode and cut, with no training beside them, in steady state: the
+    clock starts once the first batch has come (the workers have started), and the batches they had ready by
+    then are not counted (a start-up in the rate made a short timing say half of what 16 workers read)."""
+    skip = PREFETCH * max(data.train.workers, 1)
+    idx = list(range(min(len(data.train), batch * (batches + skip + 1))))
+    t, n = None, 0
+    for i, (x, _) in enumerate(data.train.batches(idx, batch, False, torch.device("cpu"))):
+        if i == skip:
+            t = time.perf_counter()
+        elif i > skip:
+            n += len(x)
+    if t is None or not n:
+        raise ValueError(f"--estimate: {len(data.train)} training images are too few to time the workers in steady "
+                         f"state ({skip + 2} batches of {batch} needed)")
     return n / max(time.perf_counter() - t, 1e-9)
 
 

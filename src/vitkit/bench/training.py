@@ -10,7 +10,7 @@ from PIL import Image
 from torchvision import transforms
 
 from ..data.datasets import DataSplits
-from ..runtime.precision import autocast_for
+from ..runtime.precision import autocast_for, matmul_precision
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
 from .timing import throughput
@@ -25,13 +25,15 @@ def vitkit_train_steps(cfg: TrainConfig, data: DataSplits, steps: int = 60, warm
     too short for ``steps`` more is left for the next one. ``run.trainer`` is the Trainer."""
     t = Trainer(cfg, data=data, log=lambda s: None, progress=False, plan_=plan)
     t.total_steps = warmup
-    t.train_epoch()
+    with matmul_precision(t.precision):  # as fit() trains (tf32: the matmuls on TF32 tensor cores, not fp32)
+        t.train_epoch()
 
     def run() -> None:
         if t.batch_in_epoch + steps > t.steps_per_epoch * cfg.grad_accum:  # not enough left: a new epoch
             t.epoch, t.batch_in_epoch = t.epoch + 1, 0
         t.total_steps = t.step + steps
-        t.train_epoch()
+        with matmul_precision(t.precision):
+            t.train_epoch()
     run.trainer = t  # type: ignore[attr-defined]
     return run
 

@@ -205,6 +205,9 @@ class StreamedImages(torch.utils.data.Dataset):
         self.reader, self.names, self.labels, self.prep = reader, list(names), labels, prep
         self.channels, self.skip_bad, self.workers = channels, skip_bad, workers
         self.undecodable: set[str] = set()  # listed, then did not decode in a worker (--skip-bad-images)
+        # the training split's loader on a GPU, kept from epoch to epoch with its workers (``keep_workers``)
+        self.keep_workers = False
+        self._kept: tuple[tuple[int, str], torch.utils.data.DataLoader, "_Chunks"] | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -249,12 +252,24 @@ class StreamedImages(torch.utils.data.Dataset):
     def loader(self, chunks: list[list[int]], device: torch.device, workers: int | None = None
                ) -> torch.utils.data.DataLoader:
         w = self.workers if workers is None else workers
+        key = (w, device.type)
+        if self.keep_workers and w and self._kept is not None and self._kept[0] == key:
+            self._kept[2].chunks = chunks  # the same workers, this epoch's batches
+            return self._kept[1]
+        sampler = _Chunks(chunks)
         # Workers are forked: they start at once and share the listing. (A fork server, what JAX's warning about
         # fork asks for where JAX is loaded, took ~2.5 s per loader: the suite's streaming tests went from 3 to 77 s.
         # A forked worker only decodes images and never touches JAX's threads or their locks.)
-        return torch.utils.data.DataLoader(self, batch_sampler=chunks, num_workers=w, collate_fn=self.collate_fn(),
-                                           pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if w else None,
-                                           timeout=WORKER_TIMEOUT_S if w else 0)
+        loader = torch.utils.data.DataLoader(self, batch_sampler=sampler, num_workers=w, collate_fn=self.collate_fn(),
+                                             pin_memory=device.type == "cuda", prefetch_factor=PREFETCH if w else None,
+                                             timeout=WORKER_TIMEOUT_S if w else 0,
+                                             persistent_workers=bool(self.keep_workers and w))
+        if self.keep_workers and w:
+            self._kept = (key, loader, sampler)
+        return loader
+
+    def __getstate__(self) -> dict[str, Any]:  # (a worker gets the split without the loader that forked it)
+        return {**self.__dict__, "_kept": None}
 
     def collate_fn(self) -> Callable:
         """How the workers' items become one batch (a NaFlex split pads patches instead: data/naflex.py)."""
@@ -289,6 +304,20 @@ class StreamedImages(torch.utils.data.Dataset):
                              "fits)") from None
 
 
+class _Chunks:
+    """A batch sampler whose batches are set anew each epoch: a kept loader's workers stay, its batches change (the
+    main process hands the indices out as it iterates)."""
+
+    def __init__(self, chunks: list[list[int]]) -> None:
+        self.chunks = chunks
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.chunks)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+
 def _collate(items: list[tuple[Any, int, str]], stack: Callable[[list[Any]], Any] = torch.stack
              ) -> tuple[Any, torch.Tensor, list[str]]:
     """(batch of the decoded items, their labels, why the others did not decode); ``stack`` makes the batch."""
@@ -317,13 +346,14 @@ def choose_workers(data: StreamedImages, batch_size: int, step: Callable[[torch.
     """The worker count whose pipeline (workers decoding while the run's step trains) gives the most images per
     second, measured on the run's own step and files: the fewest within 5% of the fastest (each worker takes
     memory and, on a small machine, cores the step would use). A pipeline is timed in steady state: after the
-    workers have started and filled their queues once, for ``batches_each`` batches or ``seconds_each`` seconds,
-    whichever comes first (at least 3 batches: a slow step made this 9 s of a 30-second budget)."""
+    workers have started and the batches they had ready before the step ran were taken (``PREFETCH`` a worker:
+    timed, they made 16 workers look twice as fast as they read), for ``batches_each`` batches or ``seconds_each``
+    seconds, whichever comes first (at least 3 batches: a slow step made this 9 s of a 30-second budget)."""
     candidates = candidates or worker_candidates()
     n = len(data)
     rates: dict[int, float] = {}
     for w in candidates:
-        warm = w + 1  # the workers' start, outside the timing
+        warm = PREFETCH * w + 1  # the workers' start and what they had queued, outside the timing
         need = warm + batches_each
         idx = [i % n for i in range(need * batch_size)]
         it = data.batches(idx, batch_size, True, device, workers=w)

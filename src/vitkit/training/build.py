@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from ..data.augment import BatchAugment
 from ..data.datasets import DataSplits, load_dataset
 from ..data.images import crop_spec
 from ..data.naflex import NaFlexImages, as_naflex
@@ -182,6 +183,14 @@ def preprocessing_for(cfg: TrainConfig, model: VisionTransformer, data: DataSpli
     # the evaluation geometry the run's photos had, kept with the weights: eval, predict and serve cut the same way
     crop = {k: v for k, v in (run_crop(cfg.to_dict()) or {}).items() if k in ("crop_pct", "crop_mode", "interpolation")}
     return {"mean": mean, "std": std, **names, **naflex, **crop}
+
+
+def augment_for(cfg: TrainConfig, preprocessing: dict[str, Any], c: ViTConfig) -> BatchAugment:
+    """The batch augmentation the run trains with (its standardisation, crops, flips, RandAugment, MixUp/CutMix):
+    the trainer's, and the planner's timed step's, so that what is timed is what trains."""
+    return BatchAugment(preprocessing["mean"], preprocessing["std"], to_2tuple(c.img_size), c.num_classes,
+                        cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                        aa_magnitude=cfg.aa_magnitude)
 
 
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,

@@ -10,10 +10,9 @@ import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits
-from ..model.config import to_2tuple
 from ..runtime.cpu import reports_bf16_unit
 from ..runtime.precision import autocast_for, matmul_precision
-from .build import apply_layout, build_model, preprocessing_for
+from .build import apply_layout, augment_for, build_model, preprocessing_for
 from .config import TrainConfig
 from .objectives import objective_for, ssl_settings
 from .optim import build_optimizer, freeze_body
@@ -42,6 +41,7 @@ def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True)
 def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.device) -> dict[str, Any]:
     """What the step's time depends on, for the cache key."""
     return {"kind": "train step", "model": model.config.to_dict(), "batch": n, "opt": cfg.opt,
+            "augment": [cfg.crop_padding, cfg.hflip, cfg.aa, cfg.aa_magnitude, cfg.mixup, cfg.cutmix],
             "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
             "threads": torch.get_num_threads(),
             **({} if cfg.objective == "classify" else {"objective": ssl_settings(cfg)})}
@@ -57,13 +57,16 @@ class StepProbe:
         self.n, self.n_train = min(cfg.batch_size, len(data.train)), len(data.train)
         rng = torch.get_rng_state()
         x, y = next(batches(data.train, list(range(self.n)), self.n, False, device))
+        self.raw = (x, y)  # as the loop gets it: uint8 on the device, augmented inside the timed step
         self.x, self.target = augment(x, y, train=False)
         torch.set_rng_state(rng)
         self.objective = objective_for(cfg, augment)  # what the run's loss compares (objectives.py)
 
     def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
-        step = self.make_fed(s, compiled, augment=False)
-        return lambda: step(self.x, self.target)
+        """The run's step as it trains: the batch's augmentation (on the device, from its generator), forward,
+        backward, optimizer step. Its time is what an epoch's steps take, and what ``--estimate`` reports."""
+        step = self.make_fed(s, compiled, augment=True)
+        return lambda: step(*self.raw)
 
     def make_fed(self, s: dict[str, Any], compiled: bool = False, augment: bool = True
                  ) -> Callable[[torch.Tensor, torch.Tensor], None]:
@@ -79,11 +82,11 @@ class StepProbe:
         opt = build_optimizer(m, cfg)
         fwd = torch.compile(m) if compiled else m
         objective, device, precision, aug = self.objective, self.device, s["precision"], self.augment
-        gen = torch.Generator(device=device).manual_seed(0)  # the masks of a self-supervised objective, drawn there
+        gen = torch.Generator(device=device).manual_seed(0)  # the crops, flips and masks, drawn there as the run's
 
         def step(x: torch.Tensor, target: torch.Tensor) -> None:
             if augment:
-                x, target = aug(x, target, train=True)
+                x, target = aug(x, target, train=True, generator=gen)
             with matmul_precision(precision):
                 with autocast_for(device, precision):
                     loss = objective.loss(fwd, x, target, gen)
@@ -100,9 +103,7 @@ def _probe(cfg: TrainConfig, data: DataSplits, device: torch.device) -> StepProb
     rng = torch.get_rng_state()
     model = build_model(cfg, data).to(device)
     torch.set_rng_state(rng)  # the run's model is built from the same seed after planning
-    pre = preprocessing_for(cfg, model, data)
-    mc = model.config
-    augment = BatchAugment(pre["mean"], pre["std"], to_2tuple(mc.img_size), mc.num_classes)
+    augment = augment_for(cfg, preprocessing_for(cfg, model, data), model.config).to(device)
     return StepProbe(cfg, model, data, device, augment)
 
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
-from ..data.augment import BatchAugment, batches
+from ..data.augment import batches
 from ..data.datasets import DataSplits
 from ..data.sampler import GlobalBatchSampler
 from ..model.config import to_2tuple
@@ -29,7 +29,7 @@ from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, loca
 from ..runtime.memory import release_free_memory
 from ..runtime.precision import autocast_for, matmul_precision
 from .budget import TimeBudget
-from .build import build_data, build_model, for_run, model_for_training, preprocessing_for, resident
+from .build import augment_for, build_data, build_model, for_run, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .objectives import objective_for
@@ -81,6 +81,10 @@ class Trainer:
                              log if self.is_main else lambda s: None)
         if self.data.streamed:  # read from the files by the workers the planner chose
             self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
+            # on an accelerator the training split's workers live from epoch to epoch: a GPU epoch is short, and
+            # starting a pool each time leaves it idle (on a CPU the pool's memory goes back between epochs, for
+            # the evaluation's workers, as the memory plan counts them)
+            self.data.train.keep_workers = self.device.type != "cpu"
         self._build()
         self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
@@ -119,10 +123,7 @@ class Trainer:
         cfg = self.cfg
         self.model = build_model(cfg, self.data).to(self.device)
         self.preprocessing = preprocessing_for(cfg, self.model, self.data)
-        mc = self.model.config
-        self.augment = BatchAugment(self.preprocessing["mean"], self.preprocessing["std"], to_2tuple(mc.img_size),
-                                    mc.num_classes, cfg.crop_padding, cfg.hflip, cfg.aa, mixup=cfg.mixup,
-                                    cutmix=cfg.cutmix, aa_magnitude=cfg.aa_magnitude).to(self.device)
+        self.augment = augment_for(cfg, self.preprocessing, self.model.config).to(self.device)
         if cfg.freeze_body:
             self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
         # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)
