@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from ..runtime.distributed import (destroy_process_group, init_distributed, launched_distributed,
-                                       rank_and_world, restart_count)
+                                       rank0_done, rank_and_world, restart_count, wait_for_rank0)
     from ..training.build import build_data
     from ..training.plan import make_plan, resolve
     from ..training.trainer import Trainer, TrainingDiverged
@@ -242,14 +242,14 @@ def run(args: argparse.Namespace) -> int:
             args.output = _default_output(args)
     if distributed and rank != 0:
         try:
-            dist.barrier()  # rank 0 decodes (and caches) the dataset first; the others then read the cache
+            wait_for_rank0("data")  # rank 0 decodes (and caches) the dataset first; the others then read the cache
         except RuntimeError:  # rank 0 stopped before it (bad flags, data it could not read): it said why
             return 2
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
     cfg, data, recipe = resolve(sources(args), say, _progress())
     data = data or build_data(cfg)
     if distributed and rank == 0:
-        dist.barrier()
+        rank0_done("data")
     if getattr(args, "_estimate", None) is not None:
         return _estimate(cfg, data, recipe, say, start, distributed, args._estimate or len(data.train))
     if cfg.output is None:

@@ -114,10 +114,48 @@ def init_distributed(device: str = "auto") -> torch.device:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         kw["device_id"] = dev  # NCCL binds this rank to its GPU instead of guessing
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
-                            store=dist.PrefixStore(f"vitkit/restart{restart_count()}", store), rank=rank,
-                            world_size=world, **kw)
+    prefixed = dist.PrefixStore(f"vitkit/restart{restart_count()}", store)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=prefixed, rank=rank, world_size=world,
+                            **kw)
+    global _STORE
+    _STORE = dist.PrefixStore("ready", prefixed)
     return dev
+
+
+_STORE: "dist.Store | None" = None  # the group's key-value store, for waits longer than a collective's timeout
+RANK0_WAIT = timedelta(hours=12)  # how long the other ranks wait for rank 0 to read the data and plan: an
+# ImageNet-sized folder's first listing and decode is far longer than NCCL's 10-minute collective timeout
+
+
+def wait_for_rank0(what: str) -> None:
+    """Ranks other than 0 wait here until rank 0 calls ``rank0_done(what)``, up to ``RANK0_WAIT`` (a barrier would
+    be a collective, killed by NCCL's watchdog after 10 minutes while rank 0 still decodes). A RuntimeError where
+    rank 0 stopped first (its store is gone: it said why)."""
+    if _STORE is None:
+        dist.barrier()
+        return
+    try:
+        _STORE.wait([_key(what)], RANK0_WAIT)
+    except Exception as e:  # noqa: BLE001 - the store's errors: timeout, connection closed
+        raise RuntimeError(f"rank 0 did not finish {what}: {e}") from None
+
+
+def rank0_done(what: str) -> None:
+    """Rank 0 releases the ranks waiting in ``wait_for_rank0(what)``."""
+    if _STORE is None:
+        dist.barrier()
+        return
+    _STORE.set(_key(what), "1")
+
+
+_WAITED: dict[str, int] = {}
+
+
+def _key(what: str) -> str:
+    """``what`` numbered by how many times this process has waited for it (every rank counts alike): a second plan
+    in the same group waits for its own release, not the first one's."""
+    _WAITED[what] = _WAITED.get(what, 0) + 1
+    return f"{what}-{_WAITED[what]}"
 
 
 def destroy_process_group() -> None:

@@ -19,6 +19,7 @@ from ..model.hub import ADAPTABLE
 from ..model.registry import get_config
 from ..model.vit import VisionTransformer, set_attention
 from ..runtime.compile import compile_for_training
+from ..runtime.device import resolve_device
 from ..runtime.memory import available_memory
 from .config import TrainConfig
 
@@ -45,7 +46,7 @@ def for_run(cfg: TrainConfig, data: DataSplits, say: Callable[[str], None] | Non
                          "stem)")
     grid = c.grid_size[0] * c.grid_size[1]
     tokens = cfg.max_tokens or grid
-    check_naflex_budget(tokens, grid, c, say)
+    check_naflex_budget(tokens, grid, c, say, resolve_device(cfg.device))
     return as_naflex(data, c.patch_size, tokens)
 
 
@@ -53,17 +54,23 @@ NAFLEX_FAR_ABOVE = 4  # a budget this many times the model's own grid: said (its
 # far beyond what they were trained at, and every step costs the square of the tokens in attention)
 
 
-def check_naflex_budget(tokens: int, grid: int, c: ViTConfig, say: Callable[[str], None] | None) -> None:
-    """Refuse a ``--max-tokens`` whose attention alone cannot fit in the memory this process may use (one image's
-    scores, probabilities and their gradient in each head: 100,000 tokens are 120 GB a head), and say one far above
-    the model's grid."""
-    memory = available_memory()
+def check_naflex_budget(tokens: int, grid: int, c: ViTConfig, say: Callable[[str], None] | None,
+                        device: torch.device = torch.device("cpu")) -> None:
+    """Refuse a ``--max-tokens`` whose attention alone cannot fit in the memory the step runs in (the host's this
+    process may use, or a GPU's free memory; one image's scores, probabilities and their gradient in each head:
+    100,000 tokens are 120 GB a head), and say one far above the model's grid."""
     one_image = 3 * c.num_heads * tokens ** 2 * 4  # fp32 scores, probabilities, their gradient: (heads, L, L) each
-    if memory is not None and one_image > memory.available:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        room = (free, f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB on {device}")
+    else:
+        memory = available_memory()
+        room = (memory.available, f"this process may use {memory.describe()}") if memory is not None else None
+    if room is not None and one_image > room[0]:
         raise ValueError(f"--max-tokens {tokens:,}: one image's attention alone takes {one_image / 2**30:,.1f} GiB "
-                         f"({c.num_heads} heads x {tokens:,}^2 scores, probabilities and their gradient), and this "
-                         f"process may use {memory.describe()}; the model's own grid is {grid} patches: a budget "
-                         "near it, or a few times it, trains")
+                         f"({c.num_heads} heads x {tokens:,}^2 scores, probabilities and their gradient), and "
+                         f"{room[1]}; the model's own grid is {grid} patches: a budget near it, or a few times it, "
+                         "trains")
     if tokens > NAFLEX_FAR_ABOVE * grid and say is not None:
         say(f"--max-tokens {tokens:,} is {tokens / grid:.0f} times the model's own grid ({grid} patches): its position "
             "embeddings are resampled far beyond their size, and each step's attention costs the square of the "

@@ -34,7 +34,7 @@ from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, cal
 from ..runtime.compile import has_cxx_compiler
 from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
-from ..runtime.distributed import local_rank, rank_and_world
+from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
 from ..runtime.threads import choose_threads, threads_for_ranks
 from ..model.vit import VisionTransformer
@@ -129,7 +129,8 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "", log)
-    if world > 1:
+    if world > 1:  # the others wait for rank 0's timings outside a collective (NCCL's watchdog ends those at 10 min)
+        rank0_done("plan") if rank == 0 else wait_for_rank0("plan")
         cfg = _from_rank0(cfg, p, device)
     if cfg.blr is not None:  # the learning rate per 256 images, at the global batch the plan ends with (MAE's rule)
         lr = cfg.blr * cfg.batch_size * cfg.grad_accum * world / 256
