@@ -34,6 +34,7 @@ class StreamCost:
     workers: int
     batch: int
     device: str
+    decoded_on_device: bool = False  # the workers read the JPEGs' bytes; the device decodes and cuts them
 
     def hours(self, epochs: float, images: int, processes: int = 1) -> float:
         """Wall hours for ``epochs`` over ``images`` at the streamed rate, on ``processes`` devices each as fast as
@@ -57,12 +58,14 @@ def reading_rate(data: DataSplits, batch: int, batches: int) -> float:
     then are not counted (a start-up in the rate made a short timing say half of what 16 workers read)."""
     skip = PREFETCH * max(data.train.workers, 1)
     idx = list(range(min(len(data.train), batch * (batches + skip + 1))))
+    chunks = [idx[i:i + batch] for i in range(0, len(idx), batch)]
     t, n = None, 0
-    for i, (x, _) in enumerate(data.train.batches(idx, batch, False, torch.device("cpu"))):
+    # the workers' own output (decoded images, or a JPEG's bytes where the device decodes): the loader, not batches()
+    for i, (_, y, _) in enumerate(data.train.loader(chunks, torch.device("cpu"))):
         if i == skip:
             t = time.perf_counter()
         elif i > skip:
-            n += len(x)
+            n += len(y)
     if t is None or not n:
         raise ValueError(f"--estimate: {len(data.train)} training images are too few to time the workers in steady "
                          f"state ({skip + 2} batches of {batch} needed)")
@@ -86,7 +89,8 @@ def stream_cost(cfg: TrainConfig, data: DataSplits, plan: object, steps: int = 3
     streamed, in_memory = interleaved_throughput(fns, steps * cfg.batch_size, warmup=0, repeats=repeats,
                                                  device=device)
     reading = reading_rate(data, cfg.batch_size, max(steps + warmup, 8))
-    return StreamCost(streamed, in_memory, reading, data.train.workers, cfg.batch_size, str(device))
+    return StreamCost(streamed, in_memory, reading, data.train.workers, cfg.batch_size, str(device),
+                      cfg.decode == "device")
 
 
 def report(cost: StreamCost, epochs: float, images: int, say: Callable[[str], None] = print,
@@ -96,7 +100,8 @@ def report(cost: StreamCost, epochs: float, images: int, say: Callable[[str], No
     workers = f"{cost.workers} worker{'s' if cost.workers != 1 else ''}"
     say(f"streamed step: {cost.streamed:,.0f} img/s on {cost.device} (batch {cost.batch}, {workers}); "
         f"the same step on images in memory: {cost.in_memory:,.0f} img/s ({share:.0%} of it streamed)")
-    say(f"the workers alone read, decode and cut {cost.reading:,.0f} img/s")
+    say(f"the workers alone read, decode and cut {cost.reading:,.0f} img/s" if not cost.decoded_on_device else
+        f"the workers alone read {cost.reading:,.0f} img/s (their JPEGs are decoded and cut on {cost.device})")
     for n in processes:
         hours = cost.hours(epochs, images, n)
         if n == 1:

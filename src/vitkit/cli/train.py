@@ -69,6 +69,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                          "use)"),
     ("--workers",): ("workers", whole_number, "streaming: DataLoader worker processes (default: measured on the "
                                               "run's step)"),
+    ("--decode",): ("decode", str, "streaming: where JPEGs are decoded and cut: workers (PIL, in the DataLoader "
+                                   "workers) | device (the batch at once on the training device: nvJPEG on a GPU) | "
+                                   "auto (the device on a GPU where it is faster, the workers on a CPU)"),
     ("--max-tokens",): ("max_tokens", int, "with --naflex: the most patches an image is resized to (default: the "
                                            "model's own grid at its --img-size, the budget a fixed-size run spends)"),
     ("--max-epochs",): ("max_epochs", int, "with --time-limit: a budget that buys more than --epochs grows the "

@@ -150,9 +150,25 @@ def inception_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, P
     DataLoader seeds in each worker from the run's seed: a new crop every epoch, the same ones for the same seed."""
     from torchvision.transforms import v2  # torchvision's transforms load on first use
 
-    crop = v2.RandomResizedCrop(tuple(spec["img_size"]), scale=tuple(spec["train_area"]), ratio=(3 / 4, 4 / 3),
-                                interpolation=v2.InterpolationMode(spec["interpolation"]))
-    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), crop])
+    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), crop_geometry(spec, train=True)])
+
+
+def crop_geometry(spec: dict[str, Any], train: bool = False):  # -> a v2 transform
+    """The cut alone, for a PIL image or a decoded (C, H, W) uint8 tensor on any device (a GPU's nvJPEG output):
+    ``train`` and a ``train_area``, the inception crop; else the evaluation geometry (``resize_and_crop``)."""
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
+
+    interp = v2.InterpolationMode(spec["interpolation"])
+    if train and "train_area" in spec:
+        return v2.RandomResizedCrop(tuple(spec["img_size"]), scale=tuple(spec["train_area"]), ratio=(3 / 4, 4 / 3),
+                                    interpolation=interp, antialias=True)
+    h, w = spec["img_size"]
+    scale = (math.floor(h / spec["crop_pct"]), math.floor(w / spec["crop_pct"]))
+    if spec["crop_mode"] == "squash":
+        resize = v2.Resize(scale, interpolation=interp, antialias=True)
+    else:
+        resize = v2.Resize(scale[0] if scale[0] == scale[1] else scale, interpolation=interp, antialias=True)
+    return v2.Compose([resize, v2.CenterCrop((h, w))])
 
 
 def resize_and_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, PIL image -> PIL image
@@ -161,11 +177,4 @@ def resize_and_crop(spec: dict[str, Any], channels: int):  # -> a v2 transform, 
     eval all go through this one transform, so a fine-tuned model sees the same pixels everywhere."""
     from torchvision.transforms import v2  # torchvision's transforms load on first use
 
-    h, w = spec["img_size"]
-    interp = v2.InterpolationMode(spec["interpolation"])
-    scale = (math.floor(h / spec["crop_pct"]), math.floor(w / spec["crop_pct"]))
-    if spec["crop_mode"] == "squash":
-        resize = v2.Resize(scale, interpolation=interp)
-    else:
-        resize = v2.Resize(scale[0] if scale[0] == scale[1] else scale, interpolation=interp)
-    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), resize, v2.CenterCrop((h, w))])
+    return v2.Compose([v2.Lambda(lambda im: to_mode(im, channels)), crop_geometry(spec)])

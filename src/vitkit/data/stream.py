@@ -12,6 +12,7 @@ The files are listed once and their headers read once (sizes, gray or colour), c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -29,6 +30,7 @@ from PIL import Image
 
 from ..model.serialization import atomic_write
 from ..runtime.memory import release_free_memory
+from .device_decode import decode_batch, jpeg_orientation
 from .images import BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array
 
 PREFETCH = 4  # batches each worker keeps ready: enough to hide a slow file, bounded memory
@@ -207,6 +209,9 @@ class StreamedImages(torch.utils.data.Dataset):
         self.undecodable: set[str] = set()  # listed, then did not decode in a worker (--skip-bad-images)
         # the training split's loader on a GPU, kept from epoch to epoch with its workers (``keep_workers``)
         self.keep_workers = False
+        # JPEGs decoded by the workers (False), or in the main process on the device its batches go to (True:
+        # device_decode.py)
+        self.device_decode = False
         self._kept: tuple[tuple[int, str], torch.utils.data.DataLoader, "_Chunks"] | None = None
 
     def __len__(self) -> int:
@@ -236,7 +241,11 @@ class StreamedImages(torch.utils.data.Dataset):
         instead of as a worker's traceback."""
         name = self.names[i]
         try:
-            a = self.prep.array(self.reader.read(name), self.reader.where(name), self.channels)
+            data = self.reader.read(name)
+            if self.device_decode and (o := jpeg_orientation(data)) is not None:  # the device decodes it
+                return (torch.frombuffer(bytearray(data), dtype=torch.uint8), o, self.reader.where(name)), \
+                    int(self.labels[i]), ""
+            a = self.prep.array(data, self.reader.where(name), self.channels)
         except BadImageError as e:
             return None, int(self.labels[i]), str(e)
         return torch.from_numpy(a), int(self.labels[i]), ""
@@ -272,8 +281,29 @@ class StreamedImages(torch.utils.data.Dataset):
         return {**self.__dict__, "_kept": None}
 
     def collate_fn(self) -> Callable:
-        """How the workers' items become one batch (a NaFlex split pads patches instead: data/naflex.py)."""
-        return _collate
+        """How the workers' items become one batch (a NaFlex split pads patches instead: data/naflex.py; with
+        ``device_decode``, a list of images and JPEG bytes, decoded by ``_decode``)."""
+        return functools.partial(_collate, stack=list) if self.device_decode else _collate
+
+    def _decode(self, items: list[Any], y: torch.Tensor, device: torch.device
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``items`` (the workers' images and JPEG bytes) as one uint8 batch on ``device``, with their labels; a
+        JPEG the device's decoder refuses is decoded as the workers would, and named if it is bad."""
+        def fallback(data: bytes, where: str) -> torch.Tensor | None:
+            try:
+                return torch.from_numpy(self.prep.array(data, where, self.channels)).to(device)
+            except BadImageError as e:
+                if not self.skip_bad:
+                    raise ValueError(f"{e} (while streaming; --skip-bad-images passes over such files)") from None
+                self.undecodable.add(str(e))
+                return None
+
+        imgs = decode_batch(items, self.channels, self.prep.crop, self.prep.size, self.prep.train, device, fallback,
+                            self.prep.decode_side)
+        keep = [i for i, t in enumerate(imgs) if t is not None]
+        if not keep:
+            return None, y[:0]
+        return torch.stack([imgs[i] for i in keep]), y[keep] if len(keep) < len(imgs) else y
 
     def batches(self, indices: list[int] | torch.Tensor, batch_size: int, drop_last: bool, device: torch.device,
                 workers: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -293,6 +323,10 @@ class StreamedImages(torch.utils.data.Dataset):
                     if not self.skip_bad:
                         raise ValueError(f"{bad[0]} (while streaming; --skip-bad-images passes over such files)")
                     self.undecodable.update(bad)
+                    if x is None:
+                        continue
+                if self.device_decode:  # the batch's JPEGs decoded and cut on the device, in one call
+                    x, y = self._decode(x, y, device)
                     if x is None:
                         continue
                 yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -24,6 +24,7 @@ TIER_KEYS = frozenset({
     "clip_grad", "smoothing", "batch_size", "crop_padding", "hflip", "aa", "mixup", "cutmix", "model_ema",
     "model_ema_decay", "eval_every"})
 ATTENTIONS = ("auto", "sdpa", "exact")
+DECODES = ("auto", "workers", "device")  # where streamed JPEGs are decoded
 OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
 
 
@@ -59,6 +60,10 @@ class TrainConfig:
     # whose decode would not fit in the memory the process may use (data/folder.py, data/stream.py)
     data_mode: str = "auto"
     workers: int | None = None  # streaming: DataLoader worker processes; None = measured on the run's step
+    # streaming: where the JPEGs are decoded and cut: by the workers (PIL), on the training device (torchvision's
+    # decode_jpeg on the batch: nvJPEG on a GPU; data/device_decode.py), or auto (the device on a GPU, timed against
+    # the workers where the budget allows; the workers on a CPU, whose cores train)
+    decode: str = "auto"
     # NaFlex (SigLIP 2): every image at its own aspect ratio, resized to fit max_tokens patches, batches padded with
     # an attention mask (model/naflex.py); max_tokens None = the model's own grid at its img_size (the budget a
     # fixed-size run of that model spends per image). Streams the files.
@@ -137,7 +142,8 @@ class TrainConfig:
             raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
         check_keys(self.model_args, "model override", ViTConfig)
         choices = {"opt": ("adamw", "sgd", "muon"), "precision": TRAIN_PRECISIONS,
-                   "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES, "objective": OBJECTIVES,
+                   "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES, "decode": DECODES,
+                   "objective": OBJECTIVES,
                    "mpp_target": ("mean", "4x4", "l2")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:

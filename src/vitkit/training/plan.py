@@ -251,7 +251,31 @@ def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p:
         p.notes.append(f"data: {data.how}; decoding while the step trains, " + ", ".join(
             f"{k} worker{'s' if k != 1 else ''} {v:,.0f} img/s" for k, v in rates.items()) + f" -> {w}")
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "workers": w})
+        if cfg.decode == "auto" and device.type == "cuda":  # the same pipeline with the batch decoded on the GPU
+            data.train.device_decode = True
+            try:
+                _, on_device = choose_workers(data.train, probe.n, probe.make_fed(settings), device, [w])
+            finally:
+                data.train.device_decode = False
+            faster = on_device[w] > rates[w]
+            p.notes.append(f"decode: JPEGs decoded on {device} {on_device[w]:,.0f} img/s, by {w} worker"
+                           f"{'s' if w != 1 else ''} {rates[w]:,.0f} img/s -> {'the device' if faster else 'workers'}")
+            cfg = TrainConfig.from_dict({**cfg.to_dict(), "decode": "device" if faster else "workers"})
     p.chosen["workers"] = cfg.workers
+    return _decide_decode(cfg, device, p)
+
+
+def _decide_decode(cfg: TrainConfig, device: torch.device, p: Plan) -> TrainConfig:
+    """Where a streamed run's JPEGs are decoded, where the timing above did not decide it: a CPU's workers (its own
+    cores train the step: decoding in the training process would take them); on a GPU, the GPU (nvJPEG's batched
+    decode runs at thousands of photos a second by NVIDIA's and torchvision's published figures, beyond a host's
+    cores; not timed here, where the budget left no time for it)."""
+    if cfg.decode == "auto":
+        on_gpu = device.type == "cuda" and not cfg.naflex
+        p.notes.append("decode: " + ("on the GPU (nvJPEG; by the published figures, not timed in this budget)"
+                                     if on_gpu else "by the workers (the training process's cores train)"))
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "decode": "device" if on_gpu else "workers"})
+    p.chosen["decode"] = cfg.decode
     return cfg
 
 

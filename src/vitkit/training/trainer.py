@@ -85,6 +85,8 @@ class Trainer:
             # starting a pool each time leaves it idle (on a CPU the pool's memory goes back between epochs, for
             # the evaluation's workers, as the memory plan counts them)
             self.data.train.keep_workers = self.device.type != "cpu"
+            # JPEGs decoded by the workers, or by the batch on the training device (the plan's decode)
+            self.data.train.device_decode = self.data.val.device_decode = cfg.decode == "device" and not cfg.naflex
         self._build()
         self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)

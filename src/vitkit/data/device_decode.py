@@ -1,0 +1,106 @@
+"""Streamed JPEGs decoded on the training device: the DataLoader workers read each file's bytes and look at its
+header only; the main process decodes the batch's JPEGs in one call (``torchvision.io.decode_jpeg`` on a list:
+nvJPEG's batched decode on a CUDA GPU, libjpeg-turbo on the CPU) and cuts them there (the inception crop or the
+evaluation crop, then the model's size) with the same torchvision v2 geometry the workers apply to PIL images.
+
+Why: a 16-core host decodes ~2,300 photos a second (an H100's logs, ../shared/gpu/), a third of what a compiled
+ViT-S/16 step trains; the GPU's JPEG decoder is not bound by the host's cores. Where a file is not a JPEG the
+device can take (a PNG, a CMYK JPEG, a photo of more than ``MAX_PIXELS``: its full-size decode would take a batch's
+worth of GPU memory), the worker decodes it as before and the batch mixes both.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+from PIL import Image
+
+from .images import crop_geometry, fit_within
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+MAX_PIXELS = 4_000_000  # larger photos are decoded by the workers (at a reduced DCT scale, data/images.py)
+EXIF_ORIENTATION = 0x0112
+
+
+def jpeg_orientation(data: bytes, max_pixels: int = MAX_PIXELS) -> int | None:
+    """The EXIF orientation (1: as stored) of a JPEG that ``decode_jpeg`` can take on a device (8-bit gray or RGB,
+    at most ``max_pixels``), read from its header alone; None for anything else (the workers decode those)."""
+    if not data.startswith(JPEG_MAGIC):
+        return None
+    try:
+        img = Image.open(io.BytesIO(data))  # lazy: the header only
+        if img.format != "JPEG" or img.mode not in ("L", "RGB") or img.width * img.height > max_pixels:
+            return None
+        return int(img.getexif().get(EXIF_ORIENTATION, 1))
+    except Exception:  # noqa: BLE001 - any header PIL cannot read: the workers' decode names what is wrong
+        return None
+
+
+def orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A decoded (C, H, W) image as PIL's ``ImageOps.exif_transpose`` turns it for EXIF ``orientation``."""
+    if orientation == 2:
+        return img.flip(-1)
+    if orientation == 3:
+        return img.flip(-1).flip(-2)
+    if orientation == 4:
+        return img.flip(-2)
+    if orientation == 5:
+        return img.transpose(-2, -1)
+    if orientation == 6:
+        return torch.rot90(img, -1, (-2, -1))
+    if orientation == 7:
+        return img.flip(-1).flip(-2).transpose(-2, -1)
+    if orientation == 8:
+        return torch.rot90(img, 1, (-2, -1))
+    return img
+
+
+def cut(img: torch.Tensor, crop: dict[str, Any] | None, size: tuple[int, int] | None, train: bool,
+        decode_side: int | None = None) -> torch.Tensor:
+    """A decoded image cut as the workers cut a PIL image (``stream.Prepare``): the crop (inception crop when
+    training with a ``train_area``, else the evaluation crop); without one, first made to fit ``decode_side`` (as
+    the workers' reduced-scale decode does), then the model's size (bicubic, antialiased)."""
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
+
+    bicubic = v2.InterpolationMode.BICUBIC
+    if crop is not None:
+        img = crop_geometry(crop, train)(img)
+    elif decode_side and (box := fit_within(tuple(img.shape[-2:]), decode_side)) is not None:
+        img = v2.functional.resize(img, list(box), interpolation=bicubic, antialias=True)
+    if size is not None and tuple(img.shape[-2:]) != tuple(size):
+        img = v2.functional.resize(img, list(size), interpolation=bicubic, antialias=True)
+    return img
+
+
+def decode_batch(items: list[Any], channels: int, crop: dict[str, Any] | None, size: tuple[int, int] | None,
+                 train: bool, device: torch.device, fallback, decode_side: int | None = None
+                 ) -> list[torch.Tensor | None]:
+    """The batch's images as (C, H, W) uint8 on ``device``: ``items`` are either images the workers decoded
+    (tensors) or ``(bytes, orientation, where)`` of JPEGs, decoded here in one call. A JPEG the device's decoder
+    refuses (a damaged file whose header read) is handed to ``fallback(bytes, where)`` (the workers' decode:
+    its image, or a BadImageError naming the file; None in its place when bad files are skipped)."""
+    from torchvision.io import ImageReadMode, decode_jpeg  # torchvision's io loads on first use
+
+    out: list[torch.Tensor | None] = [None if isinstance(it, tuple) else it.to(device, non_blocking=True)
+                                      for it in items]
+    raw = [i for i, it in enumerate(items) if isinstance(it, tuple)]
+    if not raw:
+        return out
+    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+    try:
+        decoded = decode_jpeg([items[i][0] for i in raw], mode=mode, device=device)
+    except RuntimeError:  # one file of the batch: found by decoding them one at a time
+        decoded = []
+        for i in raw:
+            try:
+                decoded.append(decode_jpeg(items[i][0], mode=mode, device=device))
+            except RuntimeError:
+                decoded.append(None)
+    for i, img in zip(raw, decoded):
+        if img is None:
+            out[i] = fallback(bytes(items[i][0].numpy()), items[i][2])
+        else:
+            out[i] = cut(orient(img, items[i][1]), crop, size, train, decode_side)
+    return out
+

@@ -1,0 +1,166 @@
+"""Streamed JPEGs decoded on the training device (data/device_decode.py, issue 65): the same pixels as the workers'
+PIL decode within a JPEG decoder's tolerance, EXIF orientation as PIL applies it, mixed batches (PNG, gray, CMYK
+decoded by the workers), a damaged file named or skipped, and a run that trains with it (on the CPU, and on a played
+GPU where the batch's decode is handed the GPU)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.device_decode import decode_batch, jpeg_orientation, orient
+from vitkit.data.stream import Prepare
+from vitkit.training.config import TrainConfig
+from vitkit.training.trainer import Trainer
+
+CPU = torch.device("cpu")
+EVAL = {"img_size": [48, 48], "crop_pct": 0.875, "crop_mode": "center", "interpolation": "bicubic"}
+SQUASH = {"img_size": [48, 48], "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear"}
+
+
+def photo(h: int, w: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    """A smooth picture with a little grain, as a photo is (not noise, which no two JPEG decoders agree on)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    a = np.stack([np.sin(xx / 7 + c + seed) * 60 + np.cos(yy / 11 - c) * 60 + 128 for c in range(3)], -1)
+    a = np.clip(a + rng.normal(0, 3, a.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(a).convert(mode)
+
+
+def jpeg(img: Image.Image, **kw) -> bytes:
+    b = io.BytesIO()
+    img.save(b, "JPEG", quality=92, **kw)
+    return b.getvalue()
+
+
+def on_device(data: bytes, prep: Prepare, channels: int = 3) -> torch.Tensor:
+    item = (torch.frombuffer(bytearray(data), dtype=torch.uint8), jpeg_orientation(data), "x.jpg")
+    return decode_batch([item], channels, prep.crop, prep.size, prep.train, CPU, None, prep.decode_side)[0]
+
+
+@pytest.mark.parametrize("spec", [None, EVAL, SQUASH], ids=["resized", "centre-crop", "squash"])
+def test_the_device_decode_gives_the_workers_pixels(spec):
+    prep = Prepare((48, 48), 4 * 55 if spec else 48, spec)
+    for h, w in [(90, 72), (48, 48), (37, 61), (120, 90)]:
+        data = jpeg(photo(h, w))
+        want = torch.from_numpy(prep.array(data, "x.jpg", 3)).float()
+        got = on_device(data, prep).float()
+        assert got.shape == want.shape == (3, 48, 48)
+        diff = (got - want).abs()
+        assert diff.mean() < 1.0 and diff.max() <= 12, (h, w, float(diff.mean()), float(diff.max()))
+
+
+@pytest.mark.parametrize("orientation", [2, 3, 4, 5, 6, 7, 8])
+def test_exif_orientation_is_applied_as_pil_applies_it(orientation):
+    img = photo(40, 64, seed=orientation)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = jpeg(img, exif=exif.tobytes())
+    prep = Prepare(None, 1000, None)
+    want = torch.from_numpy(prep.array(data, "x.jpg", 3)).float()  # PIL's exif_transpose
+    got = on_device(data, prep).float()
+    assert got.shape == want.shape and (got - want).abs().mean() < 1.0
+
+
+def test_what_the_device_cannot_decode_is_left_to_the_workers():
+    b = io.BytesIO()
+    photo(20, 20).save(b, "PNG")
+    assert jpeg_orientation(b.getvalue()) is None
+    assert jpeg_orientation(jpeg(photo(20, 20, mode="CMYK"))) is None
+    assert jpeg_orientation(jpeg(photo(20, 20, mode="L"))) == 1
+    assert jpeg_orientation(jpeg(photo(30, 30)), max_pixels=100) is None  # too large to decode whole on a GPU
+    assert torch.equal(orient(torch.arange(6).reshape(1, 2, 3), 1), torch.arange(6).reshape(1, 2, 3))
+
+
+def _jpeg_folder(root, per_class=6, bad=None):
+    for split in ("train", "val"):
+        for c in range(3):
+            d = root / split / f"c{c}"
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                img = photo(30 + 7 * i, 40 + 3 * c, seed=c * 100 + i)
+                if i == 0:  # a PNG and a gray JPEG among them: the batch mixes both decodes
+                    img.save(d / f"{i}.png")
+                else:
+                    (d / f"{i}.jpg").write_bytes(jpeg(img if i != 1 else img.convert("L")))
+    if bad is not None:
+        good = jpeg(photo(30, 40))
+        (root / "train" / "c0" / "bad.jpg").write_bytes(good[:300] + b"\x00" * 200)  # the header reads
+    return root
+
+
+def test_a_streamed_run_decodes_its_jpegs_on_the_device(tmp_path):
+    root = _jpeg_folder(tmp_path / "d")
+    base = dict(dataset="folder", data_dir=str(root), data_mode="stream", workers=1, epochs=1, batch_size=6,
+                model_args={"img_size": 32}, cache_dir=str(tmp_path / "c"), threads=1, precision="fp32",
+                compile=False, attention="sdpa", channels_last=False)
+    said = []
+    t = Trainer(TrainConfig(**base, decode="device"), log=said.append, progress=False)
+    assert t.data.train.device_decode and any("decode" in s for s in said)
+    r = t.fit()
+    assert r.epochs == 1 and 0 <= r.val_top1 <= 100
+    t = Trainer(TrainConfig(**base), log=lambda s: None, progress=False)
+    assert t.cfg.decode == "workers" and not t.data.train.device_decode  # auto on a CPU: its workers
+    x_dev = torch.cat([x for x, _ in _batches(root, tmp_path, "device")])
+    x_wrk = torch.cat([x for x, _ in _batches(root, tmp_path, "workers")])
+    assert x_dev.shape == x_wrk.shape and (x_dev.float() - x_wrk.float()).abs().mean() < 1.5
+
+
+def _batches(root, tmp_path, decode):
+    from vitkit.data.augment import batches
+    from vitkit.training.build import build_data
+
+    data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream",
+                                  model_args={"img_size": 32}, cache_dir=str(tmp_path / "c")))
+    data.val.device_decode = decode == "device"
+    data.val.workers = 0
+    return list(batches(data.val, list(range(len(data.val))), 4, False, CPU))
+
+
+def test_a_damaged_jpeg_is_named_or_skipped(tmp_path):
+    from vitkit.data.augment import batches
+    from vitkit.training.build import build_data
+
+    root = _jpeg_folder(tmp_path / "d", bad=True)
+    for skip in (False, True):
+        data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", skip_bad_images=skip,
+                                      model_args={"img_size": 32}, cache_dir=str(tmp_path / f"c{skip}")))
+        train = data.train
+        train.device_decode, train.workers = True, 0
+        everything = list(range(len(train)))
+        if not skip:
+            with pytest.raises(ValueError, match="bad.jpg"):
+                list(batches(train, everything, 4, False, CPU))
+        else:
+            n = sum(len(y) for _, y in batches(train, everything, 4, False, CPU))
+            assert n == len(train) - 1 and train.skipped_in_training == 1
+
+
+def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
+    """The plan's auto on a GPU hands the JPEGs to the device (without a timing: --workers given); the decode is
+    called with the GPU (played here: decoded on the CPU and moved, as decode_jpeg(device="cuda") returns)."""
+    import torchvision.io
+
+    from device_shim import played_gpu
+
+    real = torchvision.io.decode_jpeg
+    asked = []
+
+    def decode_jpeg(data, mode=None, device="cpu"):
+        asked.append(torch.device(device).type)
+        out = real(data, mode=mode)
+        return [t.to(device) for t in out] if isinstance(out, list) else out.to(device)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode_jpeg)
+    root = _jpeg_folder(tmp_path / "d")
+    cfg = TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", workers=1, epochs=1, batch_size=6,
+                      model_args={"img_size": 32}, cache_dir=str(tmp_path / "c"), threads=1, precision="fp32",
+                      compile=False, attention="sdpa", channels_last=False, device="cuda", gpu_batch=False)
+    with played_gpu():
+        t = Trainer(cfg, log=lambda s: None, progress=False)
+        assert t.cfg.decode == "device" and t.data.train.device_decode
+        r = t.fit()
+    assert r.epochs == 1 and asked.count("cuda") >= 2  # (the mean and std are read on the CPU, before training)
