@@ -151,76 +151,161 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
 
 def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
             measure_threads: bool, log: Callable[[str], None] = print) -> TrainConfig:
-    data = data.with_train_fraction(cfg.train_fraction)
-    gpu_batch = device.type == "cuda" and cfg.gpu_batch
-    grow = bool(cfg.max_epochs and cfg.time_limit and not cfg.resume)
-    if not (cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume) or measure_threads or gpu_batch
-            or grow):
-        p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
-                        channels_last=cfg.channels_last)
-        if device.type == "cpu" and not cfg.init:
-            check_weights_fit(cfg, model_config(cfg, data))
-        probe = _probe(cfg, data, device)
-        cfg, probe, _ = _fit_memory(cfg, data, device, p, probe, step_candidates(cfg, device), log)
-        cfg = _decide_workers(cfg, data, device, p, probe)
-        if cfg.time_limit:
-            check_budget(cfg.time_limit, time.time() - start_time, 0.0, cfg.batch_size * cfg.grad_accum,
-                         len(data.train), len(data.val))
-        return cfg  # nothing to time
-    if device.type == "cpu" and not cfg.init:  # (weights loaded for --init are counted as they are read)
-        check_weights_fit(cfg, model_config(cfg, data))
-    probe = _probe(cfg, data, device)
-    cands = step_candidates(cfg, device, bool(getattr(probe.model.config, "hybrid", None)))
-    # before any full-size step is run (the threads' and the candidates' timings run them): what fits in memory
-    cfg, probe, cands = _fit_memory(cfg, data, device, p, probe, cands, log)
-    if measure_threads:  # first: every candidate below is timed at the thread count the run trains with (timed at
-        # two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)
-        p.notes.append(choose_threads(probe.make(cands[0]), None, "training step", device,
-                                      optional_seconds(cfg, start_time))[1])
+    """Every decision of ``DECISIONS``, in order, on the plan so far: the config they leave."""
+    so_far = Planning(cfg, data.with_train_fraction(cfg.train_fraction), device, p, start_time, refresh,
+                      measure_threads, log)
+    for decide in DECISIONS:
+        decide(so_far)
+    return so_far.cfg
+
+
+@dataclass
+class Planning:
+    """The plan so far, as each decision finds it and leaves it: the config, the run's step (``probe``) and its
+    candidates, the calibration of the candidates, and the settings chosen."""
+
+    cfg: TrainConfig
+    data: DataSplits
+    device: torch.device
+    plan: Plan
+    start_time: float
+    refresh: bool
+    measure_threads: bool
+    log: Callable[[str], None]
+    probe: StepProbe | None = None
+    cands: list[dict[str, Any]] = field(default_factory=list)
+    cal: Calibration | None = None
+    unbatched: TrainConfig | None = None  # the recipe's batch and LR, for a tier's model to choose its own batch from
+    chosen: dict[str, Any] = field(default_factory=dict)
+
+    # what the run asked, as it stood before any decision (the decisions change cfg: its gpu_batch, its tiers)
+    gpu_batch: bool = False  # the batch is chosen on the GPU
+    tiered: bool = False  # the recipe's tiers are chosen by the budget
+    grow: bool = False  # the schedule may grow to max_epochs
+
+    def __post_init__(self) -> None:
+        c = self.cfg
+        self.gpu_batch = self.device.type == "cuda" and c.gpu_batch
+        self.tiered = bool(c.tiers and c.time_limit and not c.resume)
+        self.grow = bool(c.max_epochs and c.time_limit and not c.resume)
+
+    def with_(self, **changes: Any) -> None:
+        self.cfg = TrainConfig.from_dict({**self.cfg.to_dict(), **changes})
+
+    def step_s(self) -> float:
+        """Seconds of the chosen settings' eager step (0: nothing was timed)."""
+        return (self.cal.seconds_of(**self.chosen) or self.cal.best.seconds or 0.0) if self.cal is not None else 0.0
+
+
+def _weights_fit(s: Planning) -> None:
+    """On a CPU, the model's weights fit the memory this process may use (--init's are counted as they are read)."""
+    if s.device.type == "cpu" and not s.cfg.init:
+        check_weights_fit(s.cfg, model_config(s.cfg, s.data))
+
+
+def _the_step(s: Planning) -> None:
+    """The run's own step on a real batch, and the candidates for every ``auto`` setting; then, before any
+    full-size step is run (the threads' and the candidates' timings run them), what fits in memory."""
+    s.probe = _probe(s.cfg, s.data, s.device)
+    s.cands = step_candidates(s.cfg, s.device, bool(getattr(s.probe.model.config, "hybrid", None)))
+    s.cfg, s.probe, s.cands = _fit_memory(s.cfg, s.data, s.device, s.plan, s.probe, s.cands, s.log)
+
+
+def _threads(s: Planning) -> None:
+    """The thread count, timed on the step first: every candidate below is timed at the count the run trains with
+    (timed at two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)."""
+    if s.measure_threads:
+        s.plan.notes.append(choose_threads(s.probe.make(s.cands[0]), None, "training step", s.device,
+                                           optional_seconds(s.cfg, s.start_time))[1])
         release_free_memory()  # each phase's steps are freed before the next one's: see runtime/memory.py
-    unbatched = cfg  # the recipe's batch and LR, for a tier's model to choose its own batch from
-    if gpu_batch:  # then the batch (on a GPU): every setting below is timed at the batch the run trains with
-        cfg = _decide_batch(cfg, data, device, p, cands[0])
-        probe = _probe(cfg, data, device) if cfg.batch_size != probe.n else probe
-    cal = None
-    if cfg.needs_plan or (cfg.tiers and cfg.time_limit and not cfg.resume):
-        cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
-                        step_workload(cfg, probe.model, probe.n, device), cands, probe.make, refresh=refresh)
-        p.calibrations.append(cal)
+
+
+def _batch_on_a_gpu(s: Planning) -> None:
+    """On a GPU, the batch: every setting below is timed at the batch the run trains with."""
+    s.unbatched = s.cfg
+    if s.gpu_batch:
+        s.cfg = _decide_batch(s.cfg, s.data, s.device, s.plan, s.cands[0])
+        s.probe = _probe(s.cfg, s.data, s.device) if s.cfg.batch_size != s.probe.n else s.probe
+
+
+def _step_settings(s: Planning) -> None:
+    """Precision, attention path and memory layout: every candidate timed on the run's step (calibrate: cached per
+    machine); for a tier, the step timed as it is."""
+    if s.cfg.needs_plan or s.tiered:
+        s.cal = calibrate(f"training step ({_describe_model(s.probe.model)}, batch {s.probe.n})", s.device,
+                          step_workload(s.cfg, s.probe.model, s.probe.n, s.device), s.cands, s.probe.make,
+                          refresh=s.refresh)
+        s.plan.calibrations.append(s.cal)
         release_free_memory()
-    if cfg.tiers and cfg.time_limit and not cfg.resume and cal is not None:
-        cfg, probe, cal = _take_tier(cfg, data, device, p, probe, cal, start_time, refresh,
-                                     unbatched if gpu_batch else None, log)
-    if cfg.tiers:
-        cfg = TrainConfig.from_dict({**cfg.to_dict(), "tiers": None})  # no budget to choose one by: the recipe
-    if grow and cal is None:  # nothing else was timed: the run's own step, for the epochs the budget buys
-        cal = calibrate(f"training step ({_describe_model(probe.model)}, batch {probe.n})", device,
-                        step_workload(cfg, probe.model, probe.n, device), cands[:1], probe.make, refresh=refresh)
-        p.calibrations.append(cal)
-    best = cal.best.settings if cal is not None else {}
-    fixed = {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
-    chosen = {k: (best[k] if v == "auto" else v) for k, v in fixed.items()}
-    if cal is not None and "auto" in fixed.values():
-        p.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if fixed[k] == "auto"))
-    cfg = TrainConfig.from_dict({**cfg.to_dict(), **chosen})
-    compile_on = cfg.compile
-    if cfg.compile == "auto" and cfg.naflex:
+
+
+def _tier(s: Planning) -> None:
+    """The recipe's tier for the epochs the budget buys (and no tiers left in the config either way)."""
+    if s.tiered and s.cal is not None:
+        s.cfg, s.probe, s.cal = _take_tier(s.cfg, s.data, s.device, s.plan, s.probe, s.cal, s.start_time, s.refresh,
+                                           s.unbatched if s.gpu_batch else None, s.log)
+    if s.cfg.tiers:
+        s.with_(tiers=None)  # no budget to choose one by: the recipe
+
+
+def _fastest_settings(s: Planning) -> None:
+    """The fastest candidate's settings for those left ``auto`` (the growth of the schedule needs a timed step:
+    the run's own, where nothing else was timed)."""
+    if s.grow and s.cal is None:
+        s.cal = calibrate(f"training step ({_describe_model(s.probe.model)}, batch {s.probe.n})", s.device,
+                          step_workload(s.cfg, s.probe.model, s.probe.n, s.device), s.cands[:1], s.probe.make,
+                          refresh=s.refresh)
+        s.plan.calibrations.append(s.cal)
+    best = s.cal.best.settings if s.cal is not None else {}
+    fixed = {"precision": s.cfg.precision, "attention": s.cfg.attention, "channels_last": s.cfg.channels_last}
+    s.chosen = {k: (best[k] if v == "auto" else v) for k, v in fixed.items()}
+    if s.cal is not None and "auto" in fixed.values():
+        s.plan.notes.append("fastest step: " + ", ".join(f"{k} {v}" for k, v in s.chosen.items()
+                                                          if fixed[k] == "auto"))
+    s.with_(**s.chosen)
+
+
+def _compile(s: Planning) -> None:
+    """Compile, where the budget can repay its compile at the gain measured on this device."""
+    compile_on = s.cfg.compile
+    if s.cfg.compile == "auto" and s.cfg.naflex:
         compile_on = False
-        p.notes.append("compile: off (--naflex: every batch has its own grids, each a recompile)")
-    elif cfg.compile == "auto":
-        compile_on, why = _decide_compile(cfg, probe, chosen, device, p, start_time, refresh, cal)
-        p.notes.append(why)
-    cfg = TrainConfig.from_dict({**cfg.to_dict(), "compile": compile_on})
-    if grow:  # from the step the run trains: compiled where compile is on (an eager step's epochs are too few)
-        cfg = _grow_schedule(cfg, data, p, probe, _trained_step_s(p, cal, chosen, compile_on), start_time)
-    p.chosen.update(precision=cfg.precision, compile=cfg.compile, attention=cfg.attention,
-                    channels_last=cfg.channels_last)
-    step_s = (cal.seconds_of(**chosen) or cal.best.seconds or 0.0) if cal is not None else 0.0
-    cfg = _decide_workers(cfg, data, device, p, probe, step_s, optional_seconds(cfg, start_time))
-    if cfg.time_limit:  # (without a timed step: planning alone must fit)
-        check_budget(cfg.time_limit, time.time() - start_time, step_s * cfg.batch_size / probe.n * cfg.grad_accum,
-                     cfg.batch_size * cfg.grad_accum, len(data.train), len(data.val))
-    return cfg
+        s.plan.notes.append("compile: off (--naflex: every batch has its own grids, each a recompile)")
+    elif s.cfg.compile == "auto":
+        compile_on, why = _decide_compile(s.cfg, s.probe, s.chosen, s.device, s.plan, s.start_time, s.refresh, s.cal)
+        s.plan.notes.append(why)
+    s.with_(compile=compile_on)
+    s.plan.chosen.update(precision=s.cfg.precision, compile=s.cfg.compile, attention=s.cfg.attention,
+                         channels_last=s.cfg.channels_last)
+
+
+def _schedule(s: Planning) -> None:
+    """A longer schedule where the budget buys more epochs than the recipe's, from the step the run trains: compiled
+    where compile is on (an eager step's epochs are too few)."""
+    if s.grow:
+        s.cfg = _grow_schedule(s.cfg, s.data, s.plan, s.probe,
+                               _trained_step_s(s.plan, s.cal, s.chosen, s.cfg.compile), s.start_time)
+
+
+def _data_pipeline(s: Planning) -> None:
+    """Streamed data: the DataLoader workers, and where the JPEGs are decoded, on the pipeline feeding the step."""
+    s.cfg = _decide_workers(s.cfg, s.data, s.device, s.plan, s.probe, s.step_s(),
+                            optional_seconds(s.cfg, s.start_time))
+
+
+def _budget_holds(s: Planning) -> None:
+    """A --time-limit that holds the plan: planning, the steps the schedule is fitted from and an evaluation."""
+    if s.cfg.time_limit:  # (without a timed step: planning alone must fit)
+        check_budget(s.cfg.time_limit, time.time() - s.start_time,
+                     s.step_s() * s.cfg.batch_size / s.probe.n * s.cfg.grad_accum,
+                     s.cfg.batch_size * s.cfg.grad_accum, len(s.data.train), len(s.data.val))
+
+
+# The planner's decisions, in the order they are made: each a function of the plan so far. A new decision (a GPU's,
+# say) is a new entry here, placed where what it needs has been decided.
+DECISIONS: list[Callable[[Planning], None]] = [
+    _weights_fit, _the_step, _threads, _batch_on_a_gpu, _step_settings, _tier, _fastest_settings, _compile,
+    _schedule, _data_pipeline, _budget_holds]
 
 
 def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan,
