@@ -22,6 +22,7 @@ from vitkit import ViTConfig
 from vitkit.data.splits import DataSplits, ImageTensors
 from vitkit.runtime import calibrate as cal_mod
 from vitkit.runtime.calibrate import Calibration, Timing
+from vitkit.training import compile_plan
 from vitkit.training import plan as plan_mod
 from vitkit.training.config import TrainConfig, read_recipe
 
@@ -91,7 +92,7 @@ def h200(monkeypatch, tmp_path):
                                   for c, s, (n, prec, comp) in zip(candidates, steps, (s.replay for s in steps))])
 
     monkeypatch.setattr(cal_mod, "time_candidates", time_candidates)
-    monkeypatch.setattr(plan_mod, "time_candidates", time_candidates)
+    monkeypatch.setattr(compile_plan, "time_candidates", time_candidates)
 
     def batch_measure(cfg, data, device, setting):
         return lambda b: (b / step_s(b, setting["precision"]), int(b * PEAK_GIB_PER_IMAGE * GIB))
@@ -110,7 +111,7 @@ def h200(monkeypatch, tmp_path):
                                                          Timing({"compiled": True}, compiled, 3)],
                            extra={"compile_s": 15.1})
 
-    monkeypatch.setattr(plan_mod, "_time_compile", time_compile)
+    monkeypatch.setattr(compile_plan, "_time_compile", time_compile)
     x = torch.zeros(n_train, 3, 1, 1, dtype=torch.uint8)
     data = DataSplits("replayed cifar10", ImageTensors(x, torch.arange(n_train) % 10),
                       ImageTensors(x[:10_000], torch.arange(10_000) % 10), [str(i) for i in range(10)])

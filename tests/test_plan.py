@@ -12,6 +12,7 @@ import torch
 import vitkit
 import vitkit.runtime.calibrate as cal_mod
 from vitkit.runtime.calibrate import Calibration, Timing, time_candidates
+import vitkit.training.compile_plan as compile_plan
 import vitkit.training.plan as plan_mod
 from vitkit.training.config import TrainConfig, read_recipe
 from vitkit.training.plan import Sources, affordable_epochs, compile_worth_timing, pick_tier, make_plan
@@ -119,8 +120,8 @@ def test_compile_auto_stays_eager_when_the_gain_does_not_repay_the_compile(monke
         return Calibration("compile", [Timing({"compiled": False}, 0.010), Timing({"compiled": True}, gain["s"])],
                            extra={"compile_s": 40.0})
 
-    monkeypatch.setattr(plan_mod, "_time_compile", fake_compile)
-    monkeypatch.setattr(plan_mod, "has_cxx_compiler", lambda: True)
+    monkeypatch.setattr(compile_plan, "_time_compile", fake_compile)
+    monkeypatch.setattr(compile_plan, "has_cxx_compiler", lambda: True)
     base = TrainConfig(**{**DIGITS, "epochs": 100000}, precision="auto", compile="auto", threads=1)  # a long run
     gain["s"] = 0.0099  # 1% faster: not worth it
     cfg, p = make_plan(base, log=lambda s: None)

@@ -9,6 +9,7 @@ runs re-planned only once an epoch ended 16% over a 3-minute budget when another
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 PROBE_STEP = 15  # the first plan is made at this step of the first epoch (from the steps since step 5); the
@@ -24,6 +25,11 @@ def usable_seconds(minutes: float) -> float:
     planned, the final save and curves.png (≈1.5 s): 5-minute Fashion-MNIST runs ended 294.1-297.3 s after the
     process started."""
     return minutes * 60 * 0.99 - 3
+
+
+def budget_left(minutes: float, start_time: float) -> float:
+    """Seconds of a ``minutes`` budget the schedule may still fill, for a run that started at ``start_time``."""
+    return usable_seconds(minutes) - (time.time() - start_time)
 
 
 def check_budget(minutes: float, spent_s: float, step_s: float, batch: int, n_train: int, n_val: int) -> None:

@@ -30,15 +30,16 @@ import torch
 
 from ..data.datasets import DataSplits
 from ..data.stream import choose_workers, worker_candidates
-from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, calibrate, store, time_candidates
-from ..runtime.compile import has_cxx_compiler
+from ..runtime.calibrate import Calibration, calibrate
 from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
 from ..runtime.threads import choose_threads, threads_for_ranks
 from ..model.vit import VisionTransformer
-from .budget import check_budget, usable_seconds
+from .budget import budget_left, check_budget
+from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
+                           expected_compile_gain, trained_step_s)  # (COMPILE_GAIN, compile_*: public names)
 from .build import build_data, for_run, model_config, resident_bytes
 from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
@@ -46,18 +47,6 @@ from .memory_plan import check_weights_fit, decide_memory
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
 
-# Compile is timed only where a run could repay twice its compile time at the best gain over the eager step seen on
-# this device: measured there once any compile has been timed (cached), and until then a prior of the device's kind:
-# on CPUs what the Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x
-# (1.12x in bf16 on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed), where 5-minute runs never
-# pay for a cold one; on CUDA GPUs the H200's CIFAR-10 step in bf16 at 4096, 2.7x (results/gpu-train-step-h200.csv)
-# (the CPU's 1.2x had kept an H100's runs eager).
-COMPILE_GAIN = 1.2
-COMPILE_GAIN_PRIOR = {"cpu": COMPILE_GAIN, "cuda": 2.7}
-# a cold compile of a small ViT's step, until measured on this machine (then the measured one, cached): 30-40 s on 2
-# CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
-COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
-COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
 RETIME = 1.15  # after a tier changes the model, the candidates within this of the best are timed again
 # Of the images per second the calibrated step promises, what an epoch delivers: augmentation, evaluation, saving
 # and Python between steps take the rest (Fashion-MNIST 5-minute runs, docs: Speed).
@@ -272,7 +261,7 @@ def _compile(s: Planning) -> None:
         compile_on = False
         s.plan.notes.append("compile: off (--naflex: every batch has its own grids, each a recompile)")
     elif s.cfg.compile == "auto":
-        compile_on, why = _decide_compile(s.cfg, s.probe, s.chosen, s.device, s.plan, s.start_time, s.refresh, s.cal)
+        compile_on, why = decide_compile(s.cfg, s.probe, s.chosen, s.device, s.plan, s.start_time, s.refresh, s.cal)
         s.plan.notes.append(why)
     s.with_(compile=compile_on)
     s.plan.chosen.update(precision=s.cfg.precision, compile=s.cfg.compile, attention=s.cfg.attention,
@@ -284,7 +273,7 @@ def _schedule(s: Planning) -> None:
     where compile is on (an eager step's epochs are too few)."""
     if s.grow:
         s.cfg = _grow_schedule(s.cfg, s.data, s.plan, s.probe,
-                               _trained_step_s(s.plan, s.cal, s.chosen, s.cfg.compile), s.start_time)
+                               trained_step_s(s.plan, s.cal, s.chosen, s.cfg.compile), s.start_time)
 
 
 def _data_pipeline(s: Planning) -> None:
@@ -467,11 +456,7 @@ OPTIONAL_SHARE = 0.1  # of what is left of a --time-limit, what the measurements
 def optional_seconds(cfg: TrainConfig, start_time: float) -> float:
     """Seconds the planner may spend on the measurements a run can do without (the thread count, the workers):
     a tenth of what is left of a time budget (they took 12 s of a 30-second one), unbounded without one."""
-    return OPTIONAL_SHARE * _budget_left(cfg, start_time) if cfg.time_limit else math.inf
-
-
-def _budget_left(cfg: TrainConfig, start_time: float) -> float:
-    return usable_seconds(cfg.time_limit) - (time.time() - start_time)
+    return OPTIONAL_SHARE * budget_left(cfg.time_limit, start_time) if cfg.time_limit else math.inf
 
 
 def affordable_epochs(seconds_left: float, step_s: float, batch: int, world: int, n_train: int) -> float:
@@ -499,8 +484,8 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     """The tier the budget buys; a tier that changes the step re-times the candidates close to the best on it, and
     on a GPU (``unbatched``: the config before its batch was chosen) first chooses the tier's model its own batch."""
     _, world = rank_and_world()
-    gain, whose = _expected_compile_gain(cfg, device)
-    epochs = affordable_epochs(_budget_left(cfg, start_time), (cal.best.seconds or 0.0) / gain, probe.n, world,
+    gain, whose = expected_compile_gain(cfg, device)
+    epochs = affordable_epochs(budget_left(cfg.time_limit, start_time), (cal.best.seconds or 0.0) / gain, probe.n, world,
                                len(data.train))
     p.epochs_affordable = round(epochs, 2)
     tier = pick_tier(cfg.tiers or [], epochs)
@@ -533,7 +518,7 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
                         refresh=refresh)
     p.calibrations.append(new_cal)
     if "above" in tier:  # a larger model must still get the recipe's epochs in the budget, or it is not worth it
-        now = affordable_epochs(_budget_left(cfg, start_time), (new_cal.best.seconds or 0.0) / gain, new_probe.n,
+        now = affordable_epochs(budget_left(cfg.time_limit, start_time), (new_cal.best.seconds or 0.0) / gain, new_probe.n,
                                 world, len(data.train))
         if now < new.epochs:
             p.tier = None
@@ -546,23 +531,13 @@ GROW_SLACK = 1.25  # a grown schedule asks this much more than the budget is est
 # (training/budget.py: from steps 5-15, then every few seconds) end its cosine at the budget, never past it
 
 
-def _trained_step_s(p: Plan, cal: Calibration, chosen: dict[str, Any], compiled: bool) -> float:
-    """Seconds a step of the chosen settings takes as the run will train it: the compile calibration's compiled
-    step where compile is on, else the chosen eager one."""
-    if compiled:
-        timed = next((c for c in reversed(p.calibrations) if c.what.startswith("compile")), None)
-        if timed is not None and timed.seconds_of(compiled=True):
-            return timed.seconds_of(compiled=True)
-    return cal.seconds_of(**chosen) or cal.best.seconds or 0.0
-
-
 def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe, step_s: float,
                    start_time: float) -> TrainConfig:
     """Upward: a budget that buys more epochs than the recipe's gets a longer schedule, up to ``max_epochs`` (with
     the warmup in proportion), so that a ``--time-limit`` run uses its budget rather than ending early (the run's
     re-plans grow it further, to max_epochs, where it trains faster than ``step_s``)."""
     _, world = rank_and_world()
-    epochs = affordable_epochs(_budget_left(cfg, start_time), step_s, probe.n, world, len(data.train))
+    epochs = affordable_epochs(budget_left(cfg.time_limit, start_time), step_s, probe.n, world, len(data.train))
     p.epochs_affordable = round(epochs, 2)
     if epochs <= cfg.epochs:
         return cfg
@@ -576,96 +551,9 @@ def _grow_schedule(cfg: TrainConfig, data: DataSplits, p: Plan, probe: StepProbe
                                   "warmup_epochs": cfg.warmup_epochs * grown / cfg.epochs})
 
 
-def _expected_compile_gain(cfg: TrainConfig, device: torch.device) -> tuple[float, str]:
-    """What compiling is expected to give the step where the run may compile (``compile`` auto or on): the best gain
-    measured on this device, or its kind's prior (``compile_gain``); 1 where it will not compile. The tiers are chosen
-    before compile is timed, on eager steps, and an eager step's epochs undercount a GPU's (2.7x on an H200)."""
-    if cfg.compile is False or cfg.naflex or (device.type == "cpu" and not has_cxx_compiler()):
-        return 1.0, "not compiled"
-    return compile_gain(device)
-
-
 def _changes_step(a: TrainConfig, b: TrainConfig) -> bool:
     keys = ("model_args", "batch_size", "opt", "muon_stem", "muon_embed")
     return any(getattr(a, k) != getattr(b, k) for k in keys)
-
-
-def compile_worth_timing(run_s: float, compile_s: float, gain: float = COMPILE_GAIN) -> bool:
-    """Whether a run of ``run_s`` seconds could repay twice ``compile_s`` at the best ``gain`` compiling has given."""
-    return run_s * (1 - 1 / gain) > 2 * compile_s
-
-
-def compile_gain(device: torch.device) -> tuple[float, str]:
-    """The best eager/compiled ratio measured on this device (any model, cached), or its kind's prior; and which."""
-    gains = []
-    for cal in cached_of_kind(device, "compile"):
-        eager, compiled = (cal.seconds_of(compiled=c) for c in (False, True))
-        if eager and compiled:
-            gains.append(eager / compiled)
-    if gains:
-        return max(gains), "measured here"
-    return COMPILE_GAIN_PRIOR.get(device.type, COMPILE_GAIN), f"the prior for a {device.type} device"
-
-
-def _decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Plan,
-                    start_time: float, refresh: bool, cal: Calibration | None) -> tuple[bool, str]:
-    if device.type == "cpu" and not has_cxx_compiler():
-        return False, "compile: off (no C++ compiler for Inductor's CPU kernels)"
-    workload = {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
-    known = None if refresh else cached(device, workload)
-    eager_s = (cal.seconds_of(**chosen) if cal is not None else None)
-    if cfg.time_limit:
-        run_s = _budget_left(cfg, start_time)
-    elif eager_s:
-        run_s = cfg.epochs * _steps_per_epoch(cfg, probe) * eager_s
-    else:
-        run_s = 0.0
-    prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
-    compile_s = known.extra.get("compile_s", prior) if known else prior
-    gain, whose = compile_gain(device)
-    if not compile_worth_timing(run_s, compile_s, gain):
-        return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
-                       f"gain, {gain:.2f}x, {whose}; --compile to compile anyway)")
-    if known is None:
-        known = _time_compile(probe, chosen, device)
-        store(device, workload, known)
-        p.calibrations.append(known)
-    else:
-        p.calibrations.append(known)
-    eager, compiled = (known.seconds_of(compiled=c) for c in (False, True))
-    compile_s = known.extra["compile_s"]
-    if compiled is None or eager is None:
-        return False, "compile: off (the compiled step could not be timed here)"
-    gain_s = (eager - compiled) * (run_s / eager)
-    if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
-        return False, (f"compile: off (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; saves "
-                       f"~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
-    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
-                  f"~{gain_s:.0f} s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache "
-                  "is warm)")
-
-
-def _steps_per_epoch(cfg: TrainConfig, probe: StepProbe) -> int:
-    """Timed steps (forward and backward of one batch) an epoch takes: micro-batches, with accumulation."""
-    return max(1, probe.n_train // cfg.batch_size)
-
-
-def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device) -> Calibration:
-    """The compiled step against the eager one, round-robin; the first compiled call's time is the compile."""
-    t0 = time.perf_counter()
-    compiled = probe.make(chosen, compiled=True)
-    try:
-        compiled()
-        compiled()  # Inductor may recompile once for the second call's guards
-    except Exception as e:  # noqa: BLE001 - a backend failure means: do not compile
-        return Calibration("compile", [Timing({**chosen, "compiled": True}, note=f"failed: {e}"[:100])],
-                           extra={"compile_s": time.perf_counter() - t0})
-    compile_s = time.perf_counter() - t0
-    cal = time_candidates("compile (the chosen step)", [{"compiled": False}, {"compiled": True}],
-                          lambda s: compiled if s["compiled"] else probe.make(chosen), cut=10.0)
-    cal.extra["compile_s"] = round(compile_s, 2)
-    cal.seconds_spent += compile_s
-    return cal
 
 
 def _from_rank0(cfg: TrainConfig, p: Plan, device: torch.device) -> TrainConfig:

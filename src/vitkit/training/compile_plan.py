@@ -1,0 +1,124 @@
+"""Whether a run compiles its step (the planner's compile decision, training/plan.py): only where the budget can
+repay the compile, at the gain measured on this device (cached), and timed on the run's own chosen step."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, store, time_candidates
+from ..runtime.compile import has_cxx_compiler
+from .budget import budget_left
+from .config import TrainConfig
+from .probe import StepProbe, step_workload
+
+# Compile is timed only where a run could repay twice its compile time at the best gain over the eager step seen on
+# this device: measured there once any compile has been timed (cached), and until then a prior of the device's kind:
+# on CPUs what the Fashion-MNIST recipe's compiled fp32 step gained over the eager trainer on an AVX-512 Xeon, 1.17x
+# (1.12x in bf16 on an AMD EPYC with AVX512-BF16; results/train-fp32-ab.csv, docs: Speed), where 5-minute runs never
+# pay for a cold one; on CUDA GPUs the H200's CIFAR-10 step in bf16 at 4096, 2.7x (results/gpu-train-step-h200.csv)
+# (the CPU's 1.2x had kept an H100's runs eager).
+COMPILE_GAIN = 1.2
+COMPILE_GAIN_PRIOR = {"cpu": COMPILE_GAIN, "cuda": 2.7}
+# a cold compile of a small ViT's step, until measured on this machine (then the measured one, cached): 30-40 s on 2
+# CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
+COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
+COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
+def trained_step_s(p: Any, cal: Calibration, chosen: dict[str, Any], compiled: bool) -> float:
+    """Seconds a step of the chosen settings takes as the run will train it: the compile calibration's compiled
+    step where compile is on, else the chosen eager one."""
+    if compiled:
+        timed = next((c for c in reversed(p.calibrations) if c.what.startswith("compile")), None)
+        if timed is not None and timed.seconds_of(compiled=True):
+            return timed.seconds_of(compiled=True)
+    return cal.seconds_of(**chosen) or cal.best.seconds or 0.0
+
+
+
+def expected_compile_gain(cfg: TrainConfig, device: torch.device) -> tuple[float, str]:
+    """What compiling is expected to give the step where the run may compile (``compile`` auto or on): the best gain
+    measured on this device, or its kind's prior (``compile_gain``); 1 where it will not compile. The tiers are chosen
+    before compile is timed, on eager steps, and an eager step's epochs undercount a GPU's (2.7x on an H200)."""
+    if cfg.compile is False or cfg.naflex or (device.type == "cpu" and not has_cxx_compiler()):
+        return 1.0, "not compiled"
+    return compile_gain(device)
+
+
+
+def compile_worth_timing(run_s: float, compile_s: float, gain: float = COMPILE_GAIN) -> bool:
+    """Whether a run of ``run_s`` seconds could repay twice ``compile_s`` at the best ``gain`` compiling has given."""
+    return run_s * (1 - 1 / gain) > 2 * compile_s
+
+
+def compile_gain(device: torch.device) -> tuple[float, str]:
+    """The best eager/compiled ratio measured on this device (any model, cached), or its kind's prior; and which."""
+    gains = []
+    for cal in cached_of_kind(device, "compile"):
+        eager, compiled = (cal.seconds_of(compiled=c) for c in (False, True))
+        if eager and compiled:
+            gains.append(eager / compiled)
+    if gains:
+        return max(gains), "measured here"
+    return COMPILE_GAIN_PRIOR.get(device.type, COMPILE_GAIN), f"the prior for a {device.type} device"
+
+
+def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Any,
+                    start_time: float, refresh: bool, cal: Calibration | None) -> tuple[bool, str]:
+    if device.type == "cpu" and not has_cxx_compiler():
+        return False, "compile: off (no C++ compiler for Inductor's CPU kernels)"
+    workload = {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
+    known = None if refresh else cached(device, workload)
+    eager_s = (cal.seconds_of(**chosen) if cal is not None else None)
+    if cfg.time_limit:
+        run_s = budget_left(cfg.time_limit, start_time)
+    elif eager_s:
+        run_s = cfg.epochs * _steps_per_epoch(cfg, probe) * eager_s
+    else:
+        run_s = 0.0
+    prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
+    compile_s = known.extra.get("compile_s", prior) if known else prior
+    gain, whose = compile_gain(device)
+    if not compile_worth_timing(run_s, compile_s, gain):
+        return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
+                       f"gain, {gain:.2f}x, {whose}; --compile to compile anyway)")
+    if known is None:
+        known = _time_compile(probe, chosen, device)
+        store(device, workload, known)
+        p.calibrations.append(known)
+    else:
+        p.calibrations.append(known)
+    eager, compiled = (known.seconds_of(compiled=c) for c in (False, True))
+    compile_s = known.extra["compile_s"]
+    if compiled is None or eager is None:
+        return False, "compile: off (the compiled step could not be timed here)"
+    gain_s = (eager - compiled) * (run_s / eager)
+    if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
+        return False, (f"compile: off (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; saves "
+                       f"~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
+    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
+                  f"~{gain_s:.0f} s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache "
+                  "is warm)")
+
+
+def _steps_per_epoch(cfg: TrainConfig, probe: StepProbe) -> int:
+    """Timed steps (forward and backward of one batch) an epoch takes: micro-batches, with accumulation."""
+    return max(1, probe.n_train // cfg.batch_size)
+
+
+def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device) -> Calibration:
+    """The compiled step against the eager one, round-robin; the first compiled call's time is the compile."""
+    t0 = time.perf_counter()
+    compiled = probe.make(chosen, compiled=True)
+    try:
+        compiled()
+        compiled()  # Inductor may recompile once for the second call's guards
+    except Exception as e:  # noqa: BLE001 - a backend failure means: do not compile
+        return Calibration("compile", [Timing({**chosen, "compiled": True}, note=f"failed: {e}"[:100])],
+                           extra={"compile_s": time.perf_counter() - t0})
+    compile_s = time.perf_counter() - t0
+    cal = time_candidates("compile (the chosen step)", [{"compiled": False}, {"compiled": True}],
+                          lambda s: compiled if s["compiled"] else probe.make(chosen), cut=10.0)
+    cal.extra["compile_s"] = round(compile_s, 2)
+    cal.seconds_spent += compile_s
+    return cal
