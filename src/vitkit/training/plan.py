@@ -2,16 +2,19 @@
 final ``TrainConfig`` and a ``Plan``.
 
 It is the one place where a run's settings are decided. For every ``auto``, the candidates are timed on the run's
-own training step (probe.py: forward, backward and optimizer step of its model on a real batch;
-runtime/calibrate.py), in one order on every device:
+own training step (probe.py: its augmentation, forward, backward and optimizer step of its model on a real batch;
+runtime/calibrate.py). ``DECISIONS`` lists them in the order they are made, each a function of the plan so far:
 
+- the weights fit (CPU), the run's step and what fits in memory (memory_plan.py);
 - CPU threads (runtime/threads.py): measured every run, since load changes from run to run;
 - on a GPU, the batch (gpu_batch.py), from the step's throughput and free memory: all that follows is timed there;
-- precision (fp32 / bf16, TF32 on CUDA), attention path (fused SDPA / exact), the conv weights' memory layout;
-- with a ``--time-limit``: the recipe's tier by the epochs the budget buys of the fastest candidate (downward for
-  budgets that buy few, upward for budgets that buy many, and a longer schedule up to ``max_epochs``);
-- compile, where the budget could repay the compile time (measured here, or a prior per device before it has been);
-- streaming data: the DataLoader workers, on the pipeline feeding the chosen step.
+- precision (fp32 / bf16, TF32 on CUDA; fp16 where a GPU has no bf16), attention path, the conv weights' layout;
+- with a ``--time-limit``: the recipe's tier by the epochs the budget buys (downward for budgets that buy few,
+  upward for budgets that buy many);
+- compile, where the budget could repay the compile time at the gain measured on this device (compile_plan.py);
+- a longer schedule up to ``max_epochs``, from the step the run trains (compiled where compile is on);
+- streaming data: the DataLoader workers and where the JPEGs are decoded, on the pipeline feeding the chosen step;
+- the budget holds the plan.
 
 The ``Plan`` records every candidate timed, what was chosen and why; it is printed at the start of the run and
 saved as ``plan.json`` in the run folder.
