@@ -4,6 +4,7 @@ an ordinary vitkit checkpoint (``vitkit train --init RUN/best`` fine-tunes it) a
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import train
 
@@ -34,5 +35,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     train.add_parser(p)
 
 
+MAE_ONLY = ("decoder_width", "decoder_depth", "decoder_heads", "norm_pix_loss")  # (flags given: in args at all)
+MPP_ONLY = ("mpp_target",)
+
+
 def run(args: argparse.Namespace) -> int:
+    given = vars(args)
+    other = MAE_ONLY if args.objective == "mpp" else MPP_ONLY
+    wrong = [f"--{k.replace('_', '-')}" for k in other if k in given]
+    if wrong:  # accepted and ignored, they would say the run was something it was not
+        owner = "MAE's (its decoder and pixel targets)" if args.objective == "mpp" else "MPP's (its colour targets)"
+        print(f"vitkit pretrain: error: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} {owner}: not a "
+              f"setting of --method {args.objective}", file=sys.stderr)
+        return 2
     return train.run(args)

@@ -26,7 +26,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random", action="store_true",
                    help="probe the same architecture with fresh weights (seed 0): what the features add over it")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write probe.json here (default: beside the checkpoint)")
+    p.add_argument("--out", default=None, help="a folder to write probe.json in, or a .json file (default: beside "
+                                              "the checkpoint)")
     p.add_argument("--device", default="auto")
 
 
@@ -55,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     data = load_data_from_args(args, crop=crop_spec(pre, c.img_size))
     if c.in_chans != data.in_chans:
         raise ValueError(f"the encoder reads {c.in_chans}-channel images; {data.name} has {data.in_chans}")
+    if data.num_classes < 2:  # every probe is "right" on one class: 100% that says nothing of the features
+        raise ValueError(f"{data.name}: {data.num_classes} class ({', '.join(map(str, data.classes))}); a probe "
+                         "measures how well the features tell classes apart and needs at least 2 (one folder per "
+                         "class under train/ and val/)")
     mean, std = (pre["mean"], pre["std"]) if len(pre.get("mean") or []) == c.in_chans else data.mean_std()
     data = data.with_train_fraction(args.train_fraction)
     device = resolve_device(args.device)
@@ -74,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
                                                          else ""))
     out = Path(args.out) if args.out else (Path(args.checkpoint) if args.checkpoint and Path(args.checkpoint).is_dir()
                                            else Path("probe"))
-    out.mkdir(parents=True, exist_ok=True)
     name = "probe-random.json" if args.random else "probe.json"
+    if out.suffix.lower() == ".json":  # --out x.json: that file (not a folder named x.json)
+        out, name = out.parent, out.name
+    out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps({"dataset": data.name, "weights": what, "pool": args.pool,
                                         "train_fraction": args.train_fraction, "results": results}, indent=1))
     print(f"wrote {out / name}")

@@ -215,6 +215,11 @@ def stop_grace_s(batch_seconds: float | None) -> float:
     return STOP_GRACE_S + 2 * (batch_seconds or 0.0)
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command as the user typed it, for its one-line errors (``vitkit pretrain`` runs this one too)."""
+    return "vitkit pretrain" if getattr(args, "objective", "classify") not in (None, "classify") else "vitkit train"
+
+
 def run(args: argparse.Namespace) -> int:
     start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
@@ -236,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             init_distributed(getattr(args, "device", None) or "auto")
         except ValueError as e:  # every rank finds the same; one of them says it
             if os.environ.get("RANK", "0") == "0":
-                print(f"vitkit train: error: {e}", file=sys.stderr)
+                print(f"{_command(args)}: error: {e}", file=sys.stderr)
             return 2
     rank = rank_and_world()[0]
     if restart_count() > 0 and not getattr(args, "resume", None):
@@ -264,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_output(cfg)
     except FileExistsError as e:
-        print(f"vitkit train: error: {e}", file=sys.stderr)
+        print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 2
     cfg, the_plan = make_plan(cfg, data, recipe, say, start)
     if rank == 0:
@@ -304,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         if dist.is_initialized():
             dist.barrier()  # rank 0 may still be writing; a rank tearing down early can abort the others
     except TrainingDiverged as e:
-        print(f"vitkit train: error: {e}", file=sys.stderr)
+        print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 3
     finally:
         for timer in timers:  # the stop ended in time: no second signal

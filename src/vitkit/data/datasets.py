@@ -158,7 +158,8 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
         if not data_dir:
             raise ValueError("--dataset shards needs --data-dir DIR (WebDataset shards train-*.tar and val-*.tar, "
                              "as `vitkit shard` writes them)")
-        return load_shard_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say)
+        return load_shard_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say,
+                                 unlabeled=unlabeled)
     if name == "hf":
         if not data_dir:
             raise ValueError("--dataset hf needs --data-dir PATH: a save_to_disk folder, parquet files, or a Hub id")

@@ -104,10 +104,12 @@ def _class_names(root: Path, labels: set[int], imagenet: bool = False) -> list[s
     return names
 
 
-def index_shard(shard: Path, root: Path, skip_bad: bool) -> tuple[list[tuple[str, int]], list[str]]:
+def index_shard(shard: Path, root: Path, skip_bad: bool, unlabeled: bool = False
+                ) -> tuple[list[tuple[str, int]], list[str]]:
     """[(reader name, class index)] of one shard's samples, and what was skipped (``skip_bad``); a sample without
     an image or a label, a label that is not an integer, or a truncated shard is an error naming the shard and
-    member otherwise."""
+    member otherwise. ``unlabeled`` (self-supervision, which reads no label): every sample's class is 0, with a
+    ``.cls`` member or without."""
     out, skipped = [], []
     samples: dict[str, dict[str, Any]] = {}
     order: list[str] = []
@@ -151,15 +153,18 @@ def index_shard(shard: Path, root: Path, skip_bad: bool) -> tuple[list[tuple[str
         if "image" not in s:
             bad(f"sample {key!r} has no image member (.{', .'.join(IMAGE_KEYS[:4])}, ...)")
             continue
-        if LABEL_KEY not in s:
+        if unlabeled:
+            label = 0
+        elif LABEL_KEY not in s:
             bad(f"sample {key!r} has no .{LABEL_KEY} member (its class index)")
             continue
-        raw, member = s[LABEL_KEY]
-        try:
-            label = int(raw.decode().strip())
-        except (UnicodeDecodeError, ValueError):
-            bad(f"{member}: the class index must be an integer, got {raw[:20]!r}")
-            continue
+        else:
+            raw, member = s[LABEL_KEY]
+            try:
+                label = int(raw.decode().strip())
+            except (UnicodeDecodeError, ValueError):
+                bad(f"{member}: the class index must be an integer, got {raw[:20]!r}")
+                continue
         offset, size, name = s["image"]
         out.append((f"{rel}\t{offset}\t{size}\t{name}", label))
     return out, skipped
@@ -167,25 +172,29 @@ def index_shard(shard: Path, root: Path, skip_bad: bool) -> tuple[list[tuple[str
 
 def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str | None = None,
                       progress: Callable | None = None, max_side: int = 128, crop: dict[str, Any] | None = None,
-                      mode: str = "auto", say: Callable[[str], None] | None = None) -> DataSplits:
-    """WebDataset shards in ``path`` as a DataSplits: in memory where they fit, else streamed (folder.load_images)."""
+                      mode: str = "auto", say: Callable[[str], None] | None = None, unlabeled: bool = False
+                      ) -> DataSplits:
+    """WebDataset shards in ``path`` as a DataSplits: in memory where they fit, else streamed (folder.load_images);
+    ``unlabeled``: their images alone, as the one class "images" (self-supervision reads no label)."""
     root = Path(path)
     files = shard_files(root)
     stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for ps in files.values() for p in ps]
     extra = [(n, (root / n).stat().st_mtime_ns) for n in (CLASSES_FILE, "classes.txt") if (root / n).is_file()]
-    fingerprint = f"shards|{root.resolve()}|{hashlib.sha256(json.dumps([stats, extra]).encode()).hexdigest()}"
+    fingerprint = f"shards|{root.resolve()}|{hashlib.sha256(json.dumps([stats, extra]).encode()).hexdigest()}" \
+        + ("|unlabeled" if unlabeled else "")
     items: dict[str, list[tuple[str, int]]] = {}
     skipped: list[str] = []
     for split, shards in files.items():
         items[split] = []
         for shard in (progress(shards, desc=f"indexing {split} shards") if progress else shards):
-            found, bad = index_shard(shard, root, skip_bad_images)
+            found, bad = index_shard(shard, root, skip_bad_images, unlabeled)
             items[split] += found
             skipped += bad
     if not items["train"] or not items["val"]:
         raise ValueError(f"{root}: no samples in the {'train' if not items['train'] else 'val'} shards")
     labels = {y for lst in items.values() for _, y in lst}
-    classes = _class_names(root, labels, all(p.name.startswith(IMAGENET_PREFIX) for p in files["train"]))
+    classes = ["images"] if unlabeled else \
+        _class_names(root, labels, all(p.name.startswith(IMAGENET_PREFIX) for p in files["train"]))
     outside = sorted(y for y in labels if not 0 <= y < len(classes))
     if outside:
         name = next(n for lst in items.values() for n, y in lst if y == outside[0]).split("\t")

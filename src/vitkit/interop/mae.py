@@ -37,7 +37,10 @@ def hf_mae_config(hc: dict[str, Any]) -> tuple[ViTConfig, dict[str, Any]]:
                     depth=hc["num_hidden_layers"], num_heads=hc["num_attention_heads"],
                     mlp_ratio=hc["intermediate_size"] / hc["hidden_size"], qkv_bias=hc.get("qkv_bias", True),
                     layer_norm_eps=hc.get("layer_norm_eps", 1e-12))
-    ssl = {"method": "mae", "mask_ratio": hc.get("mask_ratio", 0.75), "norm_pix_loss": hc.get("norm_pix_loss", False),
+    ratio = hc.get("mask_ratio", 0.75)
+    if not 0 < ratio < 1:  # 0: Hugging Face's setting for every patch's features; the encoder needs no mask ratio,
+        ratio = 0.75  # and pre-training continued from it masks He et al.'s share (--mask-ratio to choose)
+    ssl = {"method": "mae", "mask_ratio": ratio, "norm_pix_loss": hc.get("norm_pix_loss", False),
            "decoder_width": hc.get("decoder_hidden_size", 512), "decoder_depth": hc.get("decoder_num_hidden_layers", 8),
            "decoder_heads": hc.get("decoder_num_attention_heads", 16),
            "decoder_mlp_ratio": hc.get("decoder_intermediate_size", 2048) / hc.get("decoder_hidden_size", 512)}

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig, to_2tuple
@@ -123,7 +124,7 @@ class MaskedPatchPrediction(nn.Module):
         if target not in MPP_TARGETS:
             raise ValueError(f"MPP target {target!r}: expected one of {', '.join(MPP_TARGETS)}")
         if not 0 < corrupt < 1:
-            raise ValueError(f"--mask-ratio {corrupt:g}: the share of patches corrupted must be between 0 and 1")
+            raise ValueError(f"mask ratio {corrupt:g}: the share of patches corrupted must be between 0 and 1")
         c = encoder.config
         if c.hybrid:
             raise ValueError(f"MPP corrupts the patch embeddings of the image; {c.hybrid!r} is a CNN stem that sees "
@@ -234,6 +235,8 @@ def decoder_config(encoder: ViTConfig, width: int | None = None, depth: int | No
     heads = heads or max(1, width // 32)
     if width % heads:
         raise ValueError(f"decoder width {width} is not divisible by its {heads} heads")
+    if width % 4:  # (the decoder's fixed position table: sin and cos of the rows and of the columns, a quarter each)
+        raise ValueError(f"decoder width {width}: its 2-D sin-cos position embedding needs a multiple of 4")
     return encoder.replace(embed_dim=width, depth=depth, num_heads=heads, hybrid=None, num_classes=0,
                            drop_path_rate=0.0, reg_tokens=0, dist_token=False, pool="cls", layer_scale=None)
 
@@ -248,7 +251,16 @@ class MaskedAutoencoder(nn.Module):
         super().__init__()
         c = encoder.config
         if not 0 < mask_ratio < 1:
-            raise ValueError(f"--mask-ratio {mask_ratio:g}: the share of patches masked must be between 0 and 1")
+            raise ValueError(f"mask ratio {mask_ratio:g}: the share of patches masked must be between 0 and 1")
+        n = encoder.patch_embed.num_patches
+        if int(n * (1 - mask_ratio)) < 1:  # the encoder would see nothing but its prefix tokens
+            raise ValueError(f"mask ratio {mask_ratio:g} hides every one of the {n} patches an image has: the encoder "
+                             f"would see none (at most {1 - 1 / n:.3g} leaves it one)")
+        p, q = to_2tuple(c.patch_size)
+        if norm_pix_loss and p * q * c.in_chans < 2:
+            raise ValueError(f"norm_pix_loss standardises each patch's pixels, and a {p}x{q} patch of {c.in_chans} "
+                             "channel has one value (its variance is undefined: the loss would be NaN): pre-train "
+                             "without it (--no-norm-pix-loss), or with larger patches")
         if c.hybrid:
             raise ValueError(f"MAE hides patches of the image from the encoder; {c.hybrid!r} is a CNN stem that sees "
                              "every pixel first: pre-train a plain ViT (--hybrid none)")
@@ -275,7 +287,8 @@ class MaskedAutoencoder(nn.Module):
         for m in [self.decoder_embed, self.decoder_pred, *self.decoder_blocks.modules()]:
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # (qkv_bias False: the decoder's blocks are the encoder's kind)
+                    nn.init.zeros_(m.bias)
         nn.init.normal_(self.mask_token, std=0.02)
 
     def no_weight_decay(self) -> set[str]:
@@ -376,8 +389,17 @@ def load_ssl(directory: str | Path, encoder: VisionTransformer) -> nn.Module:
         cfg = json.loads((d / SSL_CONFIG).read_text())
     except ValueError as e:
         raise ValueError(f"{d / SSL_CONFIG}: not JSON ({e})") from None
-    module = build_ssl(encoder, cfg)
-    state = load_file(str(d / SSL_WEIGHTS))
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{d / SSL_CONFIG}: not a self-supervised module's settings (a JSON object), got {cfg!r:.80}")
+    try:
+        module = build_ssl(encoder, cfg)
+    except (ValueError, TypeError) as e:  # settings written by hand or by another tool: name the file, not a flag
+        raise ValueError(f"{d / SSL_CONFIG}: {e}") from None
+    try:
+        state = load_file(str(d / SSL_WEIGHTS))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{d / SSL_WEIGHTS}: not a readable safetensors file (truncated or not one: "
+                         f"{' '.join(str(e).split())[:100]})") from None
     want = {k: v.shape for k, v in module.state_dict().items() if not k.startswith("encoder.")}
     for k, shape in want.items():
         if k not in state:

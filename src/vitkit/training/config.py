@@ -160,6 +160,9 @@ class TrainConfig:
                   "decoder_width", "decoder_depth", "decoder_heads"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
+        if self.decoder_width is not None and self.decoder_width % 4:
+            raise ValueError(f"decoder_width {self.decoder_width}: MAE's decoder has a 2-D sin-cos position embedding, "
+                             "which needs a width that is a multiple of 4")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be 0 (read in the training process) or more, got {self.workers}")
         if self.data_mode == "stream" and self.dataset not in FILE_DATASETS:

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
-from ..model.ssl import (SSL_CONFIG, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl, draw_noise,
-                         load_ssl)
+from ..model.ssl import (SSL_CONFIG, SSL_WEIGHTS, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl,
+                         draw_noise, load_ssl, ssl_config)
 from ..interop.mae import from_hf_mae, is_hf_mae
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
@@ -81,23 +81,60 @@ class SelfSupervised(Classify):
         super().__init__(cfg, augment)
         self.name = cfg.objective
         self.metric = "val_top1" if cfg.objective == "mpp" and cfg.mpp_target != "l2" else "val_loss"
+        self.note = ""  # what wrap() did with --init's objective parts, for the run to say
         self.mean = augment.mean.reshape(1, -1, 1, 1) / 255  # (the augmentation's are in 0-255 units)
         self.std = augment.std.reshape(1, -1, 1, 1) / 255
 
     def wrap(self, model: VisionTransformer) -> nn.Module:
         """The encoder with the objective's parts: those of ``--init``'s checkpoint where it holds them for this
-        method (pre-training continued, on these images or new ones), else new ones."""
+        method (pre-training continued, on these images or new ones), else new ones; ``self.note`` says which."""
         init = Path(self.cfg.init) if self.cfg.init else None
+        what = {"mae": "MAE decoder", "mpp": "MPP [mask] embedding and head"}[self.cfg.objective]
         if init is not None and (init / SSL_CONFIG).is_file():
-            saved = json.loads((init / SSL_CONFIG).read_text())
-            if saved.get("method") == self.cfg.objective:
-                return load_ssl(init, model)
+            try:
+                saved = json.loads((init / SSL_CONFIG).read_text())
+            except ValueError as e:
+                raise ValueError(f"{init / SSL_CONFIG}: not JSON ({e})") from None
+            method = saved.get("method") if isinstance(saved, dict) else None
+            if method == self.cfg.objective:
+                module = self._continued(load_ssl(init, model), init)
+                self.note = f"the {what}: read from {init} ({SSL_CONFIG}, {SSL_WEIGHTS})" + self.note
+                return module
+            self.note = (f"the {what}: new ({init} holds {method or 'no'} parts, not {self.cfg.objective}'s; its "
+                         "encoder is read)")
         if init is not None and self.cfg.objective == "mae" and is_hf_mae(init):  # ViTMAEForPreTraining's decoder
             mae = from_hf_mae(init)
             if any(k.startswith("decoder_") for k in mae.state_dict()):
                 mae.load_state_dict({**mae.state_dict(), **{f"encoder.{k}": v for k, v in model.state_dict().items()}})
-                return mae
+                self.note = f"the {what}: read from {init} (Hugging Face's ViTMAEForPreTraining)"
+                return self._continued(mae, init)
+        if init is not None and not self.note:
+            self.note = f"the {what}: new ({init} holds the encoder alone: no {SSL_CONFIG} and {SSL_WEIGHTS})"
         return build_ssl(model, ssl_settings(self.cfg))
+
+    def _continued(self, module: nn.Module, init: Path) -> nn.Module:
+        """Pre-training continued from ``init``'s parts: its decoder's shape is the saved one (a flag that asks
+        another is refused by name); the mask ratio and MAE's pixel standardisation are the flags' where given."""
+        cfg, said = self.cfg, []
+        if isinstance(module, MaskedAutoencoder):
+            d = module.decoder_cfg
+            for key, have in (("decoder_width", d.embed_dim), ("decoder_depth", d.depth),
+                              ("decoder_heads", d.num_heads)):
+                if getattr(cfg, key) is not None and getattr(cfg, key) != have:
+                    raise ValueError(f"--{key.replace('_', '-')} {getattr(cfg, key)}: {init}'s decoder, which this "
+                                     f"run continues, has {have}; leave the flag out, or pre-train a new decoder "
+                                     f"on its encoder (--init a copy of {init} without {SSL_CONFIG})")
+            if cfg.norm_pix_loss != module.norm_pix_loss:
+                said.append(f"norm_pix_loss {module.norm_pix_loss} -> {cfg.norm_pix_loss}")
+                module.norm_pix_loss = cfg.norm_pix_loss
+        ratio = module.mask_ratio if isinstance(module, MaskedAutoencoder) else module.corrupt
+        if cfg.mask_ratio is not None and cfg.mask_ratio != ratio:
+            said.append(f"mask ratio {ratio:g} -> {cfg.mask_ratio:g}")
+            rebuilt = build_ssl(module.encoder, {**ssl_config(module), "mask_ratio": cfg.mask_ratio})  # checks it
+            rebuilt.load_state_dict(module.state_dict())
+            module = rebuilt
+        self.note = f"; as the flags ask: {', '.join(said)}" if said else ""
+        return module
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """The standardised batch back in [0, 1]: MPP's colours are of the pixels, not of the standardised values."""

@@ -124,6 +124,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                                  "--patch-size for the pixels, or a --model of your own")
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
+    if not saved:
+        _one_learning_rate(merged, {**file_cfg, **given}, say)
     merged.setdefault("cache_dir", default_cache_dir())
     if merged.get("init") and "model" not in given and "model" not in file_cfg and not saved:
         merged["model"] = None  # the weights say the architecture: config.yaml named the default preset instead
@@ -136,6 +138,20 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _one_learning_rate(merged: dict[str, Any], users: dict[str, Any], say: Callable[[str], None]) -> None:
+    """``--lr`` against a recipe's ``blr`` (the pre-training recipes' learning rate per 256 images): the user's lr
+    is the run's, said in a line (the blr, applied after planning, replaced it without a word); both given is
+    refused, as two answers to one question."""
+    if "lr" not in users or merged.get("blr") is None:
+        return
+    if "blr" in users:
+        raise ValueError(f"--lr {users['lr']} and --blr {users['blr']} both set the learning rate (lr = blr x the "
+                         "global batch / 256): give one")
+    say(f"--lr {users['lr']}: the learning rate as given, for any batch (the recipe's blr {merged['blr']:g} per 256 "
+        "images is not used)")
+    merged["blr"] = None
 
 
 def _shipped_recipe(name: str) -> dict[str, Any]:
@@ -161,7 +177,10 @@ def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[st
         said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: it sees every pixel before the "
                     "masking)")
     size = users_args.get("img_size", args.get("img_size")) or (data.img_size if data is not None else None)
-    if size is not None and "patch_size" not in users_args:
+    users_patch = _own_patch(users.get("model"), size)
+    if users_patch is not None and "patch_size" not in users_args:  # a --model of the user's: its own patches
+        args["patch_size"] = users_patch
+    elif size is not None and "patch_size" not in users_args:
         h, w = to_2tuple(size)
         fits = [p for p in range(2, min(h, w) + 1) if h % p == 0 and w % p == 0 and min(h, w) // p >= MIN_GRID]
         patch = max(fits) if fits else 2 if h % 2 == 0 and w % 2 == 0 else 1
@@ -179,6 +198,15 @@ def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[st
             merged["batch_size"] = batch
     if said:
         say(f"pre-training ({objective}): {merged.get('model')}, " + ", ".join(said))
+
+
+def _own_patch(model: str | None, size: Any) -> int | None:
+    """The patch size of the user's ``--model`` where it tiles ``size`` (None: no model of the user's, or it does
+    not tile, and the pre-training chooses one)."""
+    if not model or size is None:
+        return None
+    patch = to_2tuple(get_config(model).patch_size)[0]
+    return patch if all(s % patch == 0 for s in to_2tuple(size)) else None
 
 
 def _for_users_model(merged: dict[str, Any], model: str, users_args: dict[str, Any], recipe: str,
@@ -223,6 +251,14 @@ def _check_same_model(saved: dict[str, Any], users: dict[str, Any], users_model:
     def same(a: Any, b: Any) -> bool:
         return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
 
+    was, now = saved.get("objective") or "classify", users.get("objective")
+    if now is not None and was != now:  # what the run is, and the command that resumes it (its module and checkpoint are that one's)
+        what = {"classify": "a supervised run (vitkit train)", "mae": "an MAE pre-training (vitkit pretrain --method "
+                "mae)", "mpp": "an MPP pre-training (vitkit pretrain --method mpp)"}
+        again = "vitkit train" if was == "classify" else f"vitkit pretrain --method {was}"
+        raise ValueError(f"--resume {run}: it is {what.get(was, was)}, not {what.get(now, now)}: resume it with "
+                         f"`{again} --resume {run}`" + ("; to fine-tune its encoder, `vitkit train --init "
+                                                        f"{run}/best`" if was != "classify" else ""))
     changed = [f"{k} {saved.get(k)!r} -> {users[k]!r}" for k in ("model", "init", "dataset")
                if k in users and users[k] != saved.get(k)]
     # another --data-dir is the run's data moved (the trainer checks its classes are the run's: its head's)

@@ -131,6 +131,8 @@ class Trainer:
         # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)
         self.objective = objective_for(cfg, self.augment)
         self.module = self.objective.wrap(self.model).to(self.device)
+        if getattr(self.objective, "note", "") and self.rank == 0:
+            self.log(self.objective.note)
         self.optimizer = build_optimizer(self.module, cfg)
         self.ema = AveragedModel(self.module, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
@@ -252,7 +254,8 @@ class Trainer:
             save_checkpoint(self.out, "diverged", self.module, self.preprocessing, self._train_state(rng_ranks))
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
-                               "as they were. Lower --lr, add --clip-grad, or use --precision fp32.")
+                               f"as they were. Lower {'--blr' if self.cfg.blr is not None else '--lr'}, add "
+                               "--clip-grad, or use --precision fp32.")
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:

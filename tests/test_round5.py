@@ -1,0 +1,178 @@
+"""Nothing silently ignored, round 5 (issue 67): pre-training's flags and files, each reproduced as the hostile
+tester found it. Every refusal is one line naming the flag or file and what is expected; every setting the run
+takes from elsewhere is said."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.cli.main import main
+from vitkit.training.config import TrainConfig
+from vitkit.training.sources import Sources, resolve
+
+TINY = ["--depth", "1", "--embed-dim", "32", "--num-heads", "2"]
+
+
+def _one_line(capsys, code, want: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1 and want in lines[0], err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def mae_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mae") / "run"
+    assert main(["pretrain", "--method", "mae", "--epochs", "1", *TINY, "--output", str(out)]) == 0
+    return out
+
+
+def test_pretrain_takes_the_lr_it_is_given_and_refuses_two_learning_rates():
+    said = []
+    cfg, _, _ = resolve(Sources({"objective": "mae", "lr": 0.01}), said.append)
+    assert cfg.lr == 0.01 and cfg.blr is None and any("--lr 0.01: the learning rate as given" in s for s in said)
+    with pytest.raises(ValueError, match="--lr 0.5 and --blr 0.001 both set the learning rate"):
+        resolve(Sources({"objective": "mae", "lr": 0.5, "blr": 1e-3}), lambda s: None)
+    cfg, _, _ = resolve(Sources({"objective": "mae"}), lambda s: None)
+    assert cfg.blr == 1.5e-4  # the recipe's, where no --lr is given
+
+
+def test_continued_pretraining_takes_the_flags_or_refuses_them_and_says_what_it_read(mae_run, tmp_path, capsys):
+    best = mae_run / "best"
+    code = main(["pretrain", "--method", "mae", "--init", str(best), "--epochs", "1", "--decoder-depth", "4",
+                 "--output", str(tmp_path / "a")])
+    _one_line(capsys, code, "--decoder-depth 4")
+    assert main(["pretrain", "--method", "mae", "--init", str(best), "--epochs", "1", "--mask-ratio", "0.5",
+                 "--output", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert f"the MAE decoder: read from {best}" in out and "mask ratio 0.75 -> 0.5" in out
+    assert json.loads((tmp_path / "b" / "best" / "ssl.json").read_text())["mask_ratio"] == 0.5  # trained with it
+    alone = tmp_path / "alone"
+    shutil.copytree(best, alone)
+    (alone / "ssl.json").unlink()
+    assert main(["pretrain", "--method", "mae", "--init", str(alone), "--epochs", "1",
+                 "--output", str(tmp_path / "c")]) == 0
+    assert f"the MAE decoder: new ({alone} holds the encoder alone" in capsys.readouterr().out
+    assert main(["pretrain", "--method", "mpp", "--init", str(best), "--epochs", "1",
+                 "--output", str(tmp_path / "d")]) == 0
+    assert f"new ({best} holds mae parts, not mpp's" in capsys.readouterr().out
+
+
+def test_damaged_objective_files_are_named(mae_run, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(mae_run / "best", bad)
+    data = (bad / "ssl.safetensors").read_bytes()
+    (bad / "ssl.safetensors").write_bytes(data[: len(data) // 2])
+    code = main(["pretrain", "--method", "mae", "--init", str(bad), "--epochs", "1", "--output", str(tmp_path / "x")])
+    _one_line(capsys, code, "ssl.safetensors: not a readable safetensors file")
+    code = main(["inspect", "reconstruct", "--checkpoint", str(bad), "--out", str(tmp_path / "r.png")])
+    _one_line(capsys, code, "ssl.safetensors: not a readable safetensors file")
+    odd = tmp_path / "odd"
+    shutil.copytree(mae_run / "best", odd)
+    cfg = json.loads((odd / "ssl.json").read_text())
+    (odd / "ssl.json").write_text(json.dumps({**cfg, "mask_ratio": 1.5}))
+    code = main(["pretrain", "--method", "mae", "--init", str(odd), "--epochs", "1", "--output", str(tmp_path / "y")])
+    line = _one_line(capsys, code, "ssl.json: mask ratio 1.5")
+    assert "--mask-ratio" not in line  # a flag the user never gave
+
+
+@pytest.mark.parametrize("flags,want", [
+    (["--decoder-width", "6"], "decoder_width 6: MAE's decoder has a 2-D sin-cos position embedding"),
+    (["--mask-ratio", "0.999", "--img-size", "8", "--patch-size", "2"], "hides every one of the 16 patches"),
+    (["--img-size", "8", "--patch-size", "1", "--norm-pix-loss"], "has one value"),
+])
+def test_mae_settings_that_cannot_train_are_refused_before_they_do(flags, want, tmp_path, capsys):
+    code = main(["pretrain", "--method", "mae", "--epochs", "1", *TINY, *flags, "--output", str(tmp_path / "r")])
+    _one_line(capsys, code, want)
+
+
+def test_a_methods_own_flags_are_refused_by_the_other_method(tmp_path, capsys):
+    code = main(["pretrain", "--method", "mpp", "--decoder-width", "64", "--no-norm-pix-loss", "--epochs", "1",
+                 "--output", str(tmp_path / "a")])
+    _one_line(capsys, code, "--decoder-width, --norm-pix-loss are MAE's")
+    code = main(["pretrain", "--method", "mae", "--mpp-target", "l2", "--epochs", "1", "--output", str(tmp_path / "b")])
+    _one_line(capsys, code, "--mpp-target is MPP's")
+
+
+def test_pretraining_a_users_model_keeps_its_patch_size():
+    cfg, _, _ = resolve(Sources({"objective": "mae", "model": "vit_tiny_patch16_224"}, {"img_size": 224}),
+                        lambda s: None)
+    assert cfg.model_args["patch_size"] == 16 and cfg.model == "vit_tiny_patch16_224"
+
+
+def test_a_divergence_in_pretraining_names_the_command_and_its_learning_rate(tmp_path):
+    from vitkit.training.trainer import Trainer, TrainingDiverged
+
+    t = Trainer(TrainConfig(objective="mae", blr=1e-3, epochs=1, model_args={"patch_size": 2, "depth": 1},
+                            precision="fp32", compile=False, attention="sdpa", channels_last=False, threads=1),
+                log=lambda s: None, progress=False)
+    with pytest.raises(TrainingDiverged, match="Lower --blr"):
+        t._diverged(float("nan"))
+
+
+def test_unlabelled_shards_pretrain(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    root = tmp_path / "shards"
+    root.mkdir()
+    for split, n in (("train", 24), ("val", 4)):
+        with tarfile.open(root / f"{split}-000000.tar", "w") as tf:
+            for i in range(n):
+                b = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(b, "PNG")
+                info = tarfile.TarInfo(f"{i:05d}.png")
+                info.size = len(b.getvalue())
+                tf.addfile(info, io.BytesIO(b.getvalue()))
+    assert main(["pretrain", "--method", "mae", "--dataset", "shards", "--data-dir", str(root), "--epochs", "1",
+                 *TINY, "--output", str(tmp_path / "p"), "--cache-dir", str(tmp_path / "c")]) == 0
+    code = main(["train", "--dataset", "shards", "--data-dir", str(root), "--epochs", "1",
+                 "--output", str(tmp_path / "t"), "--cache-dir", str(tmp_path / "c")])
+    assert code == 2 and "has no .cls member" in capsys.readouterr().err  # a classifier still needs its labels
+
+
+def test_hugging_face_mae_weights_of_every_setting_load(tmp_path):
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining, ViTMAEModel
+
+    import vitkit
+
+    for i, kw in enumerate(({"qkv_bias": False}, {"mask_ratio": 0.0})):
+        d = tmp_path / f"hf{i}"
+        cfg = ViTMAEConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, decoder_hidden_size=32, decoder_num_hidden_layers=1,
+                           decoder_num_attention_heads=2, decoder_intermediate_size=64, **kw)
+        ViTMAEForPreTraining(cfg).save_pretrained(d)
+        model = vitkit.load(str(d)).eval()
+        hf = ViTMAEModel.from_pretrained(d, mask_ratio=0.0).eval()
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            want = hf(x, noise=torch.arange(16.0).expand(2, 16)).last_hidden_state
+            assert torch.allclose(model.forward_features(x), want, atol=1e-5), kw
+
+
+def test_a_probe_refuses_one_class_and_writes_the_json_it_is_given(mae_run, tmp_path, capsys):
+    from helpers import write_digits_folder
+
+    root = write_digits_folder(tmp_path / "d", per_class=4, size=8)
+    for split in ("train", "val"):
+        for c in range(1, 10):
+            shutil.rmtree(root / split / str(c))
+    code = main(["probe", "--checkpoint", str(mae_run / "best"), "--dataset", "folder", "--data-dir", str(root),
+                 "--cache-dir", str(tmp_path / "c")])
+    _one_line(capsys, code, "needs at least 2")
+    assert main(["probe", "--checkpoint", str(mae_run / "best"), "--epochs", "2", "--out", str(tmp_path / "x.json")]) == 0
+    assert (tmp_path / "x.json").is_file() and json.loads((tmp_path / "x.json").read_text())["results"]
+
+
+def test_resuming_a_run_as_another_objective_says_what_the_run_is(mae_run, tmp_path, capsys):
+    code = main(["pretrain", "--method", "mpp", "--resume", str(mae_run)])
+    _one_line(capsys, code, "it is an MAE pre-training (vitkit pretrain --method mae)")
+    assert main(["train", "--epochs", "1", "--output", str(tmp_path / "sup")]) == 0
+    capsys.readouterr()
+    code = main(["pretrain", "--method", "mae", "--resume", str(tmp_path / "sup")])
+    _one_line(capsys, code, "it is a supervised run (vitkit train)")
