@@ -42,22 +42,57 @@ def test_ctrl_c_while_a_commands_modules_import_is_one_line_and_exit_130(argv, m
     assert err == [f"{who}: interrupted (nothing half-written: files and caches are written whole or not at all)"]
 
 
-def test_ctrl_c_during_a_real_start_is_one_line_and_exit_130(tmp_path):
-    """A real SIGINT to `python -m vitkit train` while Python imports torch (the first second)."""
-    import signal
-    import time
+HOOK = """
+import os, runpy, signal, sys
+fired = []
+class SendsCtrlC:  # an import that is about to run: Ctrl-C at that moment, sent by the process to itself
+    def find_spec(self, name, path=None, target=None):
+        if name == WHEN and not fired:
+            fired.append(name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, SendsCtrlC())
+sys.argv = ["vitkit", "train", "--epochs", "1", "--output", OUT]
+runpy.run_module("vitkit", run_name="__main__", alter_sys=True)
+"""
 
-    # (the test's own folder: a signal that came late on a loaded machine once met the run itself, which wrote
-    # "/nonexistent/x" as root, and every later run of this test found a run there and refused to start)
-    p = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "--epochs", "1", "--output", str(tmp_path / "x")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a test worker's
-    # processes may start with SIGINT ignored, as pytest-xdist's do: a shell's start with it on)
-    time.sleep(0.4)  # past the interpreter's start, inside the command's imports (torch takes ~2 s)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+
+def _vitkit_train(code: str, **popen):
+    import signal
+
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)  # (a test
+    # worker's processes may start with SIGINT ignored, as pytest-xdist's do: a shell's start with it on)
+
+
+@pytest.mark.parametrize("when", ["vitkit.cli.main", "torch", "torch.distributed"])
+def test_ctrl_c_during_start_up_ends_quietly_with_130(tmp_path, when):
+    """A real SIGINT to `python -m vitkit train` at the moment a start-up import begins (an event, not a clock):
+    importing vitkit's command line, torch, torch.distributed (where an exception raised inside torch's C++ import
+    aborted the process with "terminate called after throwing ... pybind11::error_already_set"). Nothing had begun:
+    exit 130, no traceback, no run folder."""
+    p = _vitkit_train(f"WHEN = {when!r}\nOUT = {str(tmp_path / 'x')!r}\n" + HOOK)
+    out, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, err[-2000:])
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("vitkit train: interrupted")
+    assert "Traceback" not in err and "terminate called" not in err and not err.strip(), err[-2000:]
+    assert not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_once_the_command_has_begun_is_one_line_and_130(tmp_path):
+    """A real SIGINT once `vitkit train` has printed its first line (its work has begun: the event the test waits
+    for): one line saying what was done, exit 130, never a traceback or an exit 0."""
+    import signal
+
+    p = _vitkit_train(f"import runpy, sys\nsys.argv = ['vitkit', 'train', '--epochs', '1', '--output', "
+                      f"{str(tmp_path / 'x')!r}]\nrunpy.run_module('vitkit', run_name='__main__', alter_sys=True)")
+    first = p.stdout.readline()  # the command is at work
+    assert first, p.stderr.read()[-2000:]
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) in (1, 2), err[-2000:]
+    assert lines[0].startswith(("vitkit train: interrupted", "signal 2: finishing this step")), err[-2000:]
 
 
 def test_the_cli_reference_has_every_command():

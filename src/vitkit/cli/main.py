@@ -74,32 +74,60 @@ def process_start_time() -> float:
     return started if _IMPORT_TIME - started < 1.0 else _IMPORT_TIME
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
+    """``vitkit ...``; ``early``: SIGINTs already caught by ``python -m vitkit`` before this module was imported.
+
+    Ctrl-C: during start-up (parsing, importing torch) the signal is only noted, and the command then ends quietly
+    with 130 before any work begins (an exception raised inside torch's C++ imports aborts the process: "terminate
+    called after throwing an instance of 'pybind11::error_already_set'"); after it, it interrupts the work, which
+    ends in one line and 130 (or training's own handler stops the run and saves it)."""
     # the `vitkit` command itself (no argv) is the whole process; a call from Python starts its clock now
     started = process_start_time() if argv is None else time.time()
-    interrupted: list[bool] = []
+    interrupted: list[int] = list(early or [])
     previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.default_int_handler:  # (not where SIGINT is ignored: nohup)
-        def on_interrupt(signum: int, frame: object) -> None:
-            interrupted.append(True)
+    ours = previous is signal.default_int_handler or (early is not None and previous is not signal.SIG_IGN)
+    # (not where SIGINT is ignored: nohup)
+    raising = [False]
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        if raising[0]:
             raise KeyboardInterrupt
+
+    if ours:
         signal.signal(signal.SIGINT, on_interrupt)
+    command = command_of(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv, started)
+        args = _parse(argv, started)
+        if args is None or not isinstance(args, argparse.Namespace):
+            return args or 0
+        if getattr(args, "_run", None):
+            import torch  # noqa: F401 - imported here, where a Ctrl-C cannot interrupt its C++ half-way
+            import torch.distributed  # noqa: F401 - (its import was where the aborts happened)
+        if interrupted:  # before any work began: nothing to say
+            return 130
+        raising[0] = True
+        code = _main(args)
+        if interrupted:  # a Ctrl-C that something below swallowed: the command still ends as interrupted
+            raise KeyboardInterrupt
+        return code
     except BaseException as e:  # noqa: BLE001 - an interrupted import fails in other ways (numpy's: AttributeError)
         if not (isinstance(e, KeyboardInterrupt) or interrupted):
             raise
-        # Ctrl-C outside training's own handler (importing, planning, decoding, calibrate, ...)
-        command = command_of(sys.argv[1:] if argv is None else argv)
+        # Ctrl-C outside training's own handler (planning, decoding, calibrate, ...)
+        raising[0] = False
         print(f"\n{' '.join(filter(None, ('vitkit', command)))}: interrupted (nothing half-written: files and caches "
               "are written whole or not at all)", file=sys.stderr)
         return 130
     finally:
-        if previous is signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous)
+        raising[0] = False  # a late signal while this returns is noted, not raised into the interpreter's exit
+        if ours:
+            signal.signal(signal.SIGINT, previous if previous is signal.default_int_handler else
+                          signal.default_int_handler)
 
 
-def _main(argv: list[str] | None, started: float) -> int:
+def _parse(argv: list[str] | None, started: float) -> argparse.Namespace | int:
+    """The parsed command line, or the exit code where there is nothing to run (help)."""
     parser = build_parser(command_of(sys.argv[1:] if argv is None else argv) or "")
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "images", None), list) and not any(a.startswith("-") for a in extra):
@@ -112,6 +140,10 @@ def _main(argv: list[str] | None, started: float) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    return args
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # `vitkit predict ... | head`: the reader has what it wanted
