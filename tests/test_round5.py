@@ -176,3 +176,45 @@ def test_resuming_a_run_as_another_objective_says_what_the_run_is(mae_run, tmp_p
     capsys.readouterr()
     code = main(["pretrain", "--method", "mae", "--resume", str(tmp_path / "sup")])
     _one_line(capsys, code, "it is a supervised run (vitkit train)")
+
+
+def test_resuming_into_another_output_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(["train", "--epochs", "1", "--output", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    code = main(["train", "--resume", str(tmp_path / "run"), "--epochs", "2", "--output", str(tmp_path / "other")])
+    _one_line(capsys, code, "continues that run in its own folder")
+    assert not (tmp_path / "other").exists()
+
+
+def test_settings_that_do_nothing_here_are_said():
+    from vitkit.training.trainer import Trainer
+
+    said = []
+    Trainer(TrainConfig(opt="sgd", adam_beta2=0.95, layer_decay=0.75, epochs=1, precision="fp32", compile=False,
+                        attention="sdpa", channels_last=False, threads=1), log=said.append, progress=False)._announce()
+    assert any("adam_beta2 0.95 has no effect with --opt sgd" in s for s in said)
+    assert any("layer_decay 0.75 on weights trained from scratch" in s for s in said)
+
+
+def test_imagenet_named_shards_without_a_class_list_say_their_1000_way_head(tmp_path):
+    from vitkit.data.shards import load_shard_splits
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "in1k"
+    root.mkdir()
+    for split in ("train", "validation"):
+        with tarfile.open(root / f"imagenet1k-{split}-0000.tar", "w") as tf:
+            for i in range(6):
+                for name, data in ((f"{i:04d}.png", _png(rng)), (f"{i:04d}.cls", str(i % 3).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    said = []
+    data = load_shard_splits(str(root), cache_dir=str(tmp_path / "c"), say=said.append)
+    assert data.num_classes == 1000 and any("a 1,000-way head (the labels here run 0-2" in s for s in said)
+
+
+def _png(rng) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(b, "PNG")
+    return b.getvalue()

@@ -193,8 +193,13 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
     if not items["train"] or not items["val"]:
         raise ValueError(f"{root}: no samples in the {'train' if not items['train'] else 'val'} shards")
     labels = {y for lst in items.values() for _, y in lst}
-    classes = ["images"] if unlabeled else \
-        _class_names(root, labels, all(p.name.startswith(IMAGENET_PREFIX) for p in files["train"]))
+    imagenet = all(p.name.startswith(IMAGENET_PREFIX) for p in files["train"])
+    classes = ["images"] if unlabeled else _class_names(root, labels, imagenet)
+    if not unlabeled and imagenet and len(classes) == 1000 and say is not None and \
+            not any((root / n).is_file() for n in (CLASSES_FILE, "classes.txt")):
+        say(f"{root}: shards named as ImageNet-1k's ({IMAGENET_PREFIX}*) and no {CLASSES_FILE}: ImageNet-1k's 1,000 "
+            f"classes, a 1,000-way head (the labels here run {min(labels)}-{max(labels)}; a {CLASSES_FILE} of your "
+            "own classes changes that)")
     outside = sorted(y for y in labels if not 0 <= y < len(classes))
     if outside:
         name = next(n for lst in items.values() for n, y in lst if y == outside[0]).split("\t")

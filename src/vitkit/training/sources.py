@@ -45,6 +45,11 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 given.setdefault("output", str(run_dir))
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
+            other = given.get("output") or file_cfg.get("output")
+            if other and Path(other).resolve() != run_dir.resolve():  # it would resume there and write another folder
+                raise ValueError(f"--resume {resume} continues that run in its own folder, {run_dir}; --output "
+                                 f"{other} names another: leave --output out (a new run in {other}: leave --resume "
+                                 "out)")
             saved = safe_yaml(run_dir / "config.yaml")
             saved.pop("few_epochs", None)  # a run folder of vitkit before tiers: that key was decided already
             given["resume"] = str(run_dir)

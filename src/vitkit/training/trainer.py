@@ -390,6 +390,12 @@ class Trainer:
         for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
             if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
+        if cfg.adam_beta2 != 0.999 and cfg.opt == "sgd":  # (Muon's AdamW part takes it)
+            self.log(f"adam_beta2 {cfg.adam_beta2:g} has no effect with --opt sgd: it is AdamW's second-moment decay")
+        if cfg.layer_decay is not None and not cfg.init:
+            self.log(f"layer_decay {cfg.layer_decay:g} on weights trained from scratch: the early blocks learn at "
+                     f"{cfg.layer_decay:g}^depth of the learning rate (it is meant for fine-tuning pretrained weights, "
+                     "whose early blocks hold what is to be kept)")
 
     def fit(self) -> RunResult:
         self.runlog.open(self.cfg.to_dict(), self.plan)
