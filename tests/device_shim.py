@@ -180,6 +180,20 @@ class _PlayedGenerator(_REAL_GENERATOR):
     def device(self) -> torch.device:
         return CUDA
 
+    # a GPU generator's state is not a CPU's (CUDA's Philox state is 16 bytes): played as the CPU state with a
+    # marker, so that one kind's state refuses the other as CUDA's does
+    MARK = torch.tensor([7, 7, 7, 7, 7, 7, 7, 7], dtype=torch.uint8)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.cat([self.MARK, super().get_state()])
+
+    def set_state(self, state: torch.Tensor) -> "_PlayedGenerator":
+        if len(state) != len(self.MARK) + len(super().get_state()) or not torch.equal(state[:8], self.MARK):
+            raise RuntimeError(f"RNG state is wrong size: a played GPU's generator, given a state of {len(state)} "
+                               "bytes")
+        super().set_state(state[8:].clone())
+        return self
+
 
 @contextlib.contextmanager
 def played_gpu(gpus: int = 1, free_gib: float = 70.0) -> Iterator[PlayedGPU]:

@@ -285,3 +285,14 @@ def test_a_compiled_step_trains_on_a_real_gpu(tmp_path):
     """torch.compile's CUDA backend (Inductor's Triton kernels): what a played GPU cannot run."""
     r = Trainer(gpu_config(tmp_path, compile=True, precision="bf16", epochs=2), **QUIET).fit()
     assert r.epochs == 2 and r.val_top1 > 20
+
+
+def test_a_run_saved_on_the_cpu_resumes_on_a_gpu_and_back(tmp_path):
+    """The augmentation's generator is the device's (a CPU's state is not a GPU's): the other kind of state is not
+    forced into it; the resumed run draws from a new seed, and says so."""
+    Trainer(gpu_config(tmp_path, device="cpu"), **QUIET).fit()
+    said = []
+    with played_gpu():
+        t = Trainer(gpu_config(tmp_path, epochs=2, resume=str(tmp_path / "run")), log=said.append, progress=False)
+        t.gen.get_state()
+    assert t.gen.device.type == "cuda" and any("another kind of device" in s for s in said)

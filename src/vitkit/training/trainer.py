@@ -191,7 +191,8 @@ class Trainer:
         from a seed of (seed, rank, step), so that no two ranks draw the same crops (rank 0's state on every rank
         would)."""
         ranks = s.get("rng_ranks") or [s["rng"]]
-        if len(ranks) == self.world:
+        same_kind = len(ranks[0]["gen"]) == len(self.gen.get_state())  # (a CPU's generator state is not a GPU's)
+        if len(ranks) == self.world and same_kind:
             rng = ranks[self.rank]
             torch.set_rng_state(rng["torch"])
             self.gen.set_state(rng["gen"])
@@ -205,8 +206,9 @@ class Trainer:
         torch.manual_seed(seed)
         self.gen.manual_seed(seed)
         if self.is_main:
-            self.log(f"resuming with {self.world} process{'es' if self.world > 1 else ''} where {len(ranks)} saved "
-                     "their random states: each draws from a new seed of (--seed, rank, step)")
+            why = (f"with {self.world} process{'es' if self.world > 1 else ''} where {len(ranks)} saved their random "
+                   "states" if same_kind else "on another kind of device than the run saved its random state on")
+            self.log(f"resuming {why}: each process draws from a new seed of (--seed, rank, step)")
 
     def _check_same_images(self, saved: str | None) -> None:
         """Training images added or deleted since the run stopped (a streamed folder is read again, not cached):
