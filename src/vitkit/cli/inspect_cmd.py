@@ -265,7 +265,7 @@ def reconstruct(args: argparse.Namespace) -> int:
 
     from ..data.preprocess import image_files, images_to_tensor, load_images, preprocessing_of
     from ..model.ssl import load_ssl
-    from ..training.ssl_figure import FIGURE_IMAGES, draw, ssl_pictures
+    from ..training.ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
     if not args.checkpoint or not Path(args.checkpoint).is_dir():
         raise ValueError("inspect reconstruct: --checkpoint a self-supervised run's checkpoint folder (RUN/best or "
@@ -280,8 +280,9 @@ def reconstruct(args: argparse.Namespace) -> int:
     mean, std = torch.tensor(pre["mean"]), torch.tensor(pre["std"])
     raw, seen, filled, loss = ssl_pictures(module, x, mean, std)
     out = Path(args.out)
-    draw(raw, seen, filled, out, f"{json_method(args.checkpoint)}: loss {loss:.4f} on these {len(x)} images")
-    print(f"wrote {out}")
+    draw(raw, seen, filled, out, f"{json_method(args.checkpoint)}: loss {loss:.4f} on these {len(x)} images\n"
+                                 f"{how_filled(module)}")
+    print(f"wrote {out} ({how_filled(module)})")
     return 0
 
 

@@ -334,15 +334,21 @@ class MaskedAutoencoder(nn.Module):
 
     def reconstruct(self, x: torch.Tensor, out: SSLOutput) -> torch.Tensor:
         """The images as the model fills them in (B, C, H, W), in ``x``'s standardised space: the visible patches as
-        they are, the masked ones predicted, un-standardised patch by patch with the visible image's own statistics
-        where the loss standardised them (norm_pix_loss)."""
+        they are, the masked ones predicted. Where the loss standardised each patch (norm_pix_loss), the prediction
+        is in the hidden patch's own units, whose mean and spread the model was never shown: they are taken from
+        what it could know, the average of the image's visible patches' means and standard deviations (the hidden
+        patch's true ones would paint its real brightness and contrast into the picture). Nothing of a hidden
+        patch's pixels reaches the result."""
         c = self.encoder.config
         target = patchify(x, c.patch_size).float()
         pred = out.pred.float()
-        if self.norm_pix_loss:  # the prediction is in each patch's own units: back with that patch's mean and std
-            mean, var = target.mean(-1, keepdim=True), target.var(-1, keepdim=True)
-            pred = pred * (var + 1e-6).sqrt() + mean
-        both = torch.where(out.mask[..., None], pred, target)
+        if self.norm_pix_loss:
+            visible = (~out.mask.bool()).float()[..., None]  # (B, N, 1)
+            n = visible.sum(1, keepdim=True).clamp_min(1)
+            mean = (target.mean(-1, keepdim=True) * visible).sum(1, keepdim=True) / n  # (B, 1, 1)
+            std = ((target.var(-1, keepdim=True) + 1e-6).sqrt() * visible).sum(1, keepdim=True) / n
+            pred = pred * std + mean
+        both = torch.where(out.mask[..., None].bool(), pred, target)
         return unpatchify(both, c.patch_size, self.encoder.patch_embed.grid_size, c.in_chans)
 
 

@@ -39,6 +39,16 @@ def ssl_pictures(module: nn.Module, x: torch.Tensor, mean: torch.Tensor, std: to
     return raw, seen, filled, float(out.loss)
 
 
+def how_filled(module: nn.Module) -> str:
+    """What the figure's predicted patches are made of, for its title: what is the model's and what is not."""
+    if isinstance(module, MaskedAutoencoder) and module.norm_pix_loss:
+        return ("the hidden patches' brightness and contrast are the visible patches' average (the model predicts "
+                "each patch's pattern, not its level)")
+    if isinstance(module, MaskedAutoencoder):
+        return "the hidden patches as predicted, in pixels"
+    return "each corrupted patch in the colour the model predicted"
+
+
 def draw(raw: torch.Tensor, seen: torch.Tensor, filled: torch.Tensor, path: Path, title: str) -> None:
     """A row per image: original, what the model saw, what it predicted."""
     import matplotlib  # matplotlib's import (≈0.5 s): only where a figure is drawn

@@ -36,7 +36,7 @@ from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
 from .runlog import RunLog
-from .ssl_figure import FIGURE_IMAGES, draw, ssl_pictures
+from .ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
 
 READ_LOSS_EVERY = 16  # batches between two reads of the loss on an accelerator (each read waits for the device)
@@ -364,7 +364,7 @@ class Trainer:
         raw, seen, filled, loss = ssl_pictures(module, x, self.augment.mean.flatten() / 255,
                                                self.augment.std.flatten() / 255)
         draw(raw, seen, filled, self.out / "recon" / f"epoch-{self.epoch:03d}.png",
-             f"{self.cfg.objective}, epoch {self.epoch}: loss {loss:.4f} on these images")
+             f"{self.cfg.objective}, epoch {self.epoch}: loss {loss:.4f} on these images\n{how_filled(module)}")
 
     def evaluate(self) -> dict[str, Any]:
         return self.evaluate_model(self.ema.module if self.ema is not None else self.module)
