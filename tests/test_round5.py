@@ -218,3 +218,20 @@ def _png(rng) -> bytes:
     b = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(b, "PNG")
     return b.getvalue()
+
+
+def test_fine_tuning_a_pretrained_encoder_takes_the_datasets_recipe_with_adamw_and_layer_decay(mae_run, tmp_path):
+    """`vitkit train --init RUN/best` of a `vitkit pretrain` checkpoint (issue 66): not finetune.yaml's SGD without
+    crops (made for supervised weights; 51.01% against 53.78% from scratch), but the dataset's recipe, AdamW and
+    layer decay 0.75, as MAE fine-tunes; flags still override."""
+    from vitkit.training.config import read_recipe
+
+    said = []
+    cfg, _, name = resolve(Sources({"init": str(mae_run / "best")}), said.append)
+    digits = read_recipe("digits")
+    assert name == "digits" and cfg.opt == "adamw" and cfg.layer_decay == 0.75 and cfg.tiers is None
+    assert cfg.lr == digits["lr"] and cfg.batch_size == digits["batch_size"]
+    assert any("a self-supervised encoder, fine-tuned as MAE's are" in s for s in said)
+    cfg, _, _ = resolve(Sources({"init": str(mae_run / "best"), "layer_decay": 0.6, "opt": "sgd"}), lambda s: None)
+    assert cfg.layer_decay == 0.6 and cfg.opt == "sgd"
+    assert main(["train", "--init", str(mae_run / "best"), "--epochs", "1", "--output", str(tmp_path / "ft")]) == 0

@@ -22,7 +22,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
                                    "imagenet-vit-s16 for ImageNet shards"),
     ("--init",): ("init", str, "fine-tune from weights: a registered NAME.TAG (`vitkit models --pretrained`), a Hub "
                                "id, a URL, a vitkit folder, a timm/HF folder or file, or a JAX .npz; picks the "
-                               "paper's fine-tuning recipe (configs/finetune.yaml)"),
+                               "paper's fine-tuning recipe (configs/finetune.yaml), or for a `vitkit pretrain` "
+                               "checkpoint the dataset's recipe with AdamW and layer decay 0.75 (MAE's way)"),
     ("--epochs",): ("epochs", int, "epochs"),
     ("--train-fraction",): ("train_fraction", float, "train on this share of the training images (class-balanced, "
                                                      "the same images for every model and seed; learning curves)"),
@@ -32,7 +33,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--min-lr",): ("min_lr", float, "learning rate at the end of the cosine"),
     ("--body-lr-scale",): ("body_lr_scale", float, "LR of all but the head relative to --lr (fine-tuning)"),
     ("--layer-decay",): ("layer_decay", float, "fine-tuning: block i's LR times DECAY^(depth - i), the embeddings' "
-                                               "DECAY^(depth + 1) (MAE fine-tunes ViT-B with 0.65, BEiT 0.65-0.75)"),
+                                               "DECAY^(depth + 1) (MAE's code: 0.65 for ViT-B, 0.75 for ViT-L/H; "
+                                               "0.75 for a `vitkit pretrain` encoder by default)"),
     ("--adam-beta2",): ("adam_beta2", float, "AdamW's second-moment decay (0.999; MAE pre-trains with 0.95)"),
     ("--weight-decay",): ("weight_decay", float, "AdamW/SGD weight decay (not on norms, biases, pos/cls)"),
     ("--warmup-epochs",): ("warmup_epochs", float, "linear warmup"),
