@@ -36,14 +36,18 @@ def trained_step_s(p: Any, cal: Calibration, chosen: dict[str, Any], compiled: b
 
 
 
-def expected_compile_gain(cfg: TrainConfig, device: torch.device) -> tuple[float, str]:
-    """What compiling is expected to give the step where the run may compile (``compile`` auto or on): the best gain
-    measured on this device, or its kind's prior (``compile_gain``); 1 where it will not compile. The tiers are chosen
-    before compile is timed, on eager steps, and an eager step's epochs undercount a GPU's (2.7x on an H200)."""
+def expected_compile_gain(cfg: TrainConfig, device: torch.device, run_s: float) -> tuple[float, str]:
+    """What compiling is expected to give the step of a run of ``run_s`` seconds: the best gain measured on this
+    device, or its kind's prior (``compile_gain``), where the run may compile and could repay it (as the compile
+    decision will judge it); 1 where it will not compile. The tiers are chosen before compile is timed, on eager
+    steps, and an eager step's epochs undercount a GPU's (2.7x on an H200)."""
     if cfg.compile is False or cfg.naflex or (device.type == "cpu" and not has_cxx_compiler()):
         return 1.0, "not compiled"
-    return compile_gain(device)
-
+    gain, whose = compile_gain(device)
+    prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
+    if cfg.compile == "auto" and not compile_worth_timing(run_s, prior, gain):
+        return 1.0, "a compile this budget cannot repay"
+    return gain, whose
 
 
 def compile_worth_timing(run_s: float, compile_s: float, gain: float = COMPILE_GAIN) -> bool:

@@ -487,7 +487,7 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     """The tier the budget buys; a tier that changes the step re-times the candidates close to the best on it, and
     on a GPU (``unbatched``: the config before its batch was chosen) first chooses the tier's model its own batch."""
     _, world = rank_and_world()
-    gain, whose = expected_compile_gain(cfg, device)
+    gain, whose = expected_compile_gain(cfg, device, budget_left(cfg.time_limit, start_time))
     epochs = affordable_epochs(budget_left(cfg.time_limit, start_time), (cal.best.seconds or 0.0) / gain, probe.n, world,
                                len(data.train))
     p.epochs_affordable = round(epochs, 2)
