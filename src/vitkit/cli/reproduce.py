@@ -20,8 +20,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-dir", default=None, help="transfer: the small dataset fine-tuned on (ImageFolder "
                                                       "folder or zip with train/ and val/, e.g. ants-bees.zip)")
     p.add_argument("--budget-min", type=float, default=None,
-                   help="wall-clock minutes per run (default: the claim's, chosen so it takes about an hour on 2 "
-                        "CPU cores; transfer's pre-training gets 5 of them)")
+                   help="wall-clock minutes per run (default: the claim's: about an hour in all on 2 CPU cores for "
+                        "data-size, posemb, transfer and patch-size, whose pre-training gets 5 of them; 190-230 "
+                        "minutes for self-supervision, its pre-trainings and fine-tunings and the runs beside them)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny slice of the data, narrow models, one epoch a run: checks the machinery in about a "
                         "minute, says nothing about the claim")
