@@ -245,3 +245,26 @@ def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(m
     with pytest.raises(ValueError, match="needs one of below: N or above: N"):
         TrainConfig.from_dict({**base.to_dict(), "tiers": [{"below": 3, "above": 5, "lr": 0.1}]})
 
+
+
+def test_cuda_graphs_are_a_compile_candidate_taken_where_they_are_faster(h200, monkeypatch):
+    """On a GPU the compile timing has a third candidate, torch.compile's reduce-overhead (CUDA graphs: a launch-bound
+    step's kernels as one graph); it is taken where it times fastest, and the run compiles in that mode."""
+    def time_compile(probe, chosen, device):
+        eager = step_s(probe.n, chosen["precision"])
+        return Calibration("compile (the chosen step)", [Timing({"compiled": False}, eager, 3),
+                                                         Timing({"compiled": True}, eager / 2.0, 3),
+                                                         Timing({"compiled": "reduce-overhead"}, eager / 2.5, 3)],
+                           extra={"compile_s": 15.1})
+
+    monkeypatch.setattr(compile_plan, "_time_compile", time_compile)
+    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 4.0, "tiers": None})
+    cfg, p = plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
+    assert cfg.compile == "reduce-overhead" and any(n.startswith("compile: on with reduce-overhead") for n in p.notes)
+    import vitkit.runtime.compile as compile_mod
+    from vitkit.training.build import model_for_training
+
+    asked = []
+    monkeypatch.setattr(compile_mod.torch, "compile", lambda m, mode=None: asked.append(mode) or m)
+    model_for_training(torch.nn.Linear(2, 2), cfg, torch.device("cpu"), 1, lambda s: None)
+    assert asked == ["reduce-overhead"]

@@ -95,7 +95,8 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
               "--gpu-batch": ("gpu_batch", "on a CUDA GPU, choose the batch from the measured step and free memory "
                                            "(the LR scaled with it; the default unless -b/--batch-size is given)")}
 AUTO_BOOL_FLAGS = {"--compile": ("compile", "torch.compile the model; auto: where the budget repays the compile time "
-                                            "measured here (the recipes' choice; the plan says why)"),
+                                            "measured here (the recipes' choice; the plan says why); "
+                                            "reduce-overhead: with CUDA graphs (on a GPU auto times it too)"),
                    "--channels-last": ("channels_last", "conv weights channels-last; auto: timed here")}
 
 
@@ -141,9 +142,10 @@ def _estimate(cfg: Any, data: Any, recipe: str | None, say: Any, start: float, d
 
 
 def _auto_bool(text: str) -> bool | str:
-    value = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}.get(text.lower())
+    value = {"auto": "auto", "true": True, "on": True, "false": False, "off": False,
+             "reduce-overhead": "reduce-overhead"}.get(text.lower())
     if value is None:
-        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected auto, true or false (--compile: or reduce-overhead), got {text!r}")
     return value
 
 

@@ -213,7 +213,8 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                     find_unused_parameters=cfg.objective != "classify")
-    return compile_for_training(model, device, log) if cfg.compile else model
+    return compile_for_training(model, device, log, cfg.compile if isinstance(cfg.compile, str) else None) \
+        if cfg.compile else model
 
 
 def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:

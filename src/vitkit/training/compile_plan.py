@@ -10,7 +10,7 @@ import torch
 from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, store, time_candidates
 from ..runtime.compile import has_cxx_compiler
 from .budget import budget_left
-from .config import TrainConfig
+from .config import COMPILE_MODES, TrainConfig
 from .probe import StepProbe, step_workload
 
 # Compile is timed only where a run could repay twice its compile time at the best gain over the eager step seen on
@@ -25,15 +25,14 @@ COMPILE_GAIN_PRIOR = {"cpu": COMPILE_GAIN, "cuda": 2.7}
 # CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
 COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
 COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
-def trained_step_s(p: Any, cal: Calibration, chosen: dict[str, Any], compiled: bool) -> float:
+def trained_step_s(p: Any, cal: Calibration, chosen: dict[str, Any], compiled: bool | str) -> float:
     """Seconds a step of the chosen settings takes as the run will train it: the compile calibration's compiled
     step where compile is on, else the chosen eager one."""
     if compiled:
         timed = next((c for c in reversed(p.calibrations) if c.what.startswith("compile")), None)
-        if timed is not None and timed.seconds_of(compiled=True):
-            return timed.seconds_of(compiled=True)
+        if timed is not None and timed.seconds_of(compiled=compiled):
+            return timed.seconds_of(compiled=compiled)
     return cal.seconds_of(**chosen) or cal.best.seconds or 0.0
-
 
 
 def expected_compile_gain(cfg: TrainConfig, device: torch.device, run_s: float) -> tuple[float, str]:
@@ -59,7 +58,8 @@ def compile_gain(device: torch.device) -> tuple[float, str]:
     """The best eager/compiled ratio measured on this device (any model, cached), or its kind's prior; and which."""
     gains = []
     for cal in cached_of_kind(device, "compile"):
-        eager, compiled = (cal.seconds_of(compiled=c) for c in (False, True))
+        eager = cal.seconds_of(compiled=False)
+        compiled = min((t for t in (cal.seconds_of(compiled=m) for m in (True, *COMPILE_MODES)) if t), default=None)
         if eager and compiled:
             gains.append(eager / compiled)
     if gains:
@@ -92,15 +92,19 @@ def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], d
         p.calibrations.append(known)
     else:
         p.calibrations.append(known)
-    eager, compiled = (known.seconds_of(compiled=c) for c in (False, True))
+    eager = known.seconds_of(compiled=False)
     compile_s = known.extra["compile_s"]
-    if compiled is None or eager is None:
+    modes = [(m, known.seconds_of(compiled=m)) for m in (True, *COMPILE_MODES)]
+    timed = [(m, t) for m, t in modes if t is not None]
+    if not timed or eager is None:
         return False, "compile: off (the compiled step could not be timed here)"
+    mode, compiled = min(timed, key=lambda mt: mt[1])  # the default mode, or CUDA graphs where they were faster
+    how = "" if mode is True else f" with {mode} (CUDA graphs)"
     gain_s = (eager - compiled) * (run_s / eager)
     if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
-        return False, (f"compile: off (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; saves "
-                       f"~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
-    return True, (f"compile: on (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
+        return False, (f"compile: off (compiled step{how} {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; "
+                       f"saves ~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
+    return mode, (f"compile: on{how} (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
                   f"~{gain_s:.0f} s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache "
                   "is warm)")
 
@@ -121,8 +125,19 @@ def _time_compile(probe: StepProbe, chosen: dict[str, Any], device: torch.device
         return Calibration("compile", [Timing({**chosen, "compiled": True}, note=f"failed: {e}"[:100])],
                            extra={"compile_s": time.perf_counter() - t0})
     compile_s = time.perf_counter() - t0
-    cal = time_candidates("compile (the chosen step)", [{"compiled": False}, {"compiled": True}],
-                          lambda s: compiled if s["compiled"] else probe.make(chosen), cut=10.0)
+    candidates = [{"compiled": False}, {"compiled": True}]
+    steps = {True: compiled}
+    if device.type == "cuda":  # CUDA graphs: one launch for a step's kernels, where a small step is launch-bound
+        try:
+            graphs = probe.make(chosen, compiled="reduce-overhead")
+            graphs()
+            graphs()  # (the first calls record the graphs)
+            steps["reduce-overhead"] = graphs
+            candidates.append({"compiled": "reduce-overhead"})
+        except Exception:  # noqa: BLE001 - CUDA graphs that cannot be captured: the default mode's timing stands
+            pass
+    cal = time_candidates("compile (the chosen step)", candidates,
+                          lambda s: steps[s["compiled"]] if s["compiled"] else probe.make(chosen), cut=10.0)
     cal.extra["compile_s"] = round(compile_s, 2)
     cal.seconds_spent += compile_s
     return cal

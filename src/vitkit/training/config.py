@@ -25,6 +25,9 @@ TIER_KEYS = frozenset({
     "model_ema_decay", "eval_every"})
 ATTENTIONS = ("auto", "sdpa", "exact")
 DECODES = ("auto", "workers", "device")  # where streamed JPEGs are decoded
+# torch.compile's modes a run may name as its compile: CUDA graphs ("reduce-overhead": a step's kernels launched
+# as one graph, for the launch-bound small steps of a GPU); compile: true is the default mode
+COMPILE_MODES = ("reduce-overhead",)
 OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
 
 
@@ -148,9 +151,11 @@ class TrainConfig:
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
                 raise ValueError(f"{k} must be one of {allowed}, got {getattr(self, k)!r}")
-        for k in ("compile", "channels_last"):
-            if getattr(self, k) not in (True, False, "auto"):
-                raise ValueError(f"{k} must be true, false or auto, got {getattr(self, k)!r}")
+        if self.compile not in (True, False, "auto", *COMPILE_MODES):
+            raise ValueError(f"compile must be true, false, auto or {' or '.join(COMPILE_MODES)}, got "
+                             f"{self.compile!r}")
+        if self.channels_last not in (True, False, "auto"):
+            raise ValueError(f"channels_last must be true, false or auto, got {self.channels_last!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         check_range("train config", "folder_max_side", self.folder_max_side, 8, 4096)

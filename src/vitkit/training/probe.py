@@ -62,13 +62,13 @@ class StepProbe:
         torch.set_rng_state(rng)
         self.objective = objective_for(cfg, augment)  # what the run's loss compares (objectives.py)
 
-    def make(self, s: dict[str, Any], compiled: bool = False) -> Callable[[], None]:
+    def make(self, s: dict[str, Any], compiled: bool | str = False) -> Callable[[], None]:
         """The run's step as it trains: the batch's augmentation (on the device, from its generator), forward,
         backward, optimizer step. Its time is what an epoch's steps take, and what ``--estimate`` reports."""
         step = self.make_fed(s, compiled, augment=True)
         return lambda: step(*self.raw)
 
-    def make_fed(self, s: dict[str, Any], compiled: bool = False, augment: bool = True
+    def make_fed(self, s: dict[str, Any], compiled: bool | str = False, augment: bool = True
                  ) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """The step on a batch it is given (uint8 images and labels, augmented as the run augments them, with
         ``augment``): for timing the data pipeline with the step it feeds."""
@@ -80,7 +80,7 @@ class StepProbe:
         if cfg.freeze_body:
             freeze_body(m)
         opt = build_optimizer(m, cfg)
-        fwd = torch.compile(m) if compiled else m
+        fwd = torch.compile(m, mode=compiled if isinstance(compiled, str) else None) if compiled else m
         objective, device, precision, aug = self.objective, self.device, s["precision"], self.augment
         gen = torch.Generator(device=device).manual_seed(0)  # the crops, flips and masks, drawn there as the run's
 
