@@ -81,7 +81,7 @@ def test_a_step_slowed_by_another_process_threads_is_timed_and_gets_one_thread(m
 
 def test_compile_auto_is_checked_in_the_config():
     assert TrainConfig(compile="auto").compile == "auto"
-    with pytest.raises(ValueError, match="compile must be true, false or auto"):
+    with pytest.raises(ValueError, match="compile must be true, false, auto or reduce-overhead"):
         TrainConfig(compile="sometimes")
     with pytest.raises(ValueError, match="threads must be at least 1"):
         TrainConfig(threads=0)
