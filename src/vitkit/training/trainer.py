@@ -277,14 +277,15 @@ class Trainer:
         t_batch = t0
         # the losses summed where they are computed, read (one wait for the device) every `read_every` batches: the
         # divergence check, the epoch's loss, the progress bar and the ranks' stop vote happen at those reads
-        pending, pending_n = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        acc = torch.float32 if self.device.type == "mps" else torch.float64  # (MPS has no float64)
+        pending, pending_n = torch.zeros((), dtype=acc, device=self.device), 0
         for x, y in it:
             if self.step >= self.total_steps:
                 break
             x, target = self.augment(x, y, train=True, generator=self.gen)
             with autocast_for(self.device, self.precision):
                 loss = self.objective.loss(self.train_model, x, target, self.gen)
-            pending += loss.detach().double() * len(y)
+            pending += loss.detach().to(acc) * len(y)
             pending_n += len(y)
             read = (self.batch_in_epoch + 1) % self.read_every == 0
             if read:  # (before the backward: a NaN loss is never stepped on when it is read at once)
