@@ -235,3 +235,21 @@ def test_fine_tuning_a_pretrained_encoder_takes_the_datasets_recipe_with_adamw_a
     cfg, _, _ = resolve(Sources({"init": str(mae_run / "best"), "layer_decay": 0.6, "opt": "sgd"}), lambda s: None)
     assert cfg.layer_decay == 0.6 and cfg.opt == "sgd"
     assert main(["train", "--init", str(mae_run / "best"), "--epochs", "1", "--output", str(tmp_path / "ft")]) == 0
+
+
+def test_too_few_images_for_the_accumulation_names_the_accumulation():
+    """100 images, 128 micro-batches accumulated: no batch size helps ("at most 1" was the advice), the
+    accumulation is what to lower."""
+    from vitkit.data.splits import DataSplits, ImageTensors
+    from vitkit.training.trainer import Trainer
+
+    x = torch.zeros(100, 1, 8, 8, dtype=torch.uint8)
+    data = DataSplits("tiny", ImageTensors(x, torch.arange(100) % 2), ImageTensors(x[:10], torch.arange(10) % 2),
+                      ["a", "b"])
+    cfg = TrainConfig(batch_size=4, grad_accum=128, epochs=1, precision="fp32", compile=False, attention="sdpa",
+                      channels_last=False, threads=1)
+    with pytest.raises(ValueError, match=r"lower --grad-accum \(at most 25 at batch 4; even batch 1 makes only 100"):
+        Trainer(cfg, data=data, log=lambda s: None, progress=False)
+    with pytest.raises(ValueError, match=r"lower --batch-size \(at most 3\) or --grad-accum"):
+        Trainer(TrainConfig.from_dict({**cfg.to_dict(), "grad_accum": 30}), data=data, log=lambda s: None,
+                progress=False)

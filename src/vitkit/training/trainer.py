@@ -95,10 +95,14 @@ class Trainer:
             n = len(self.data.train)
             over = f" over {self.world} processes" if self.world > 1 else ""
             plural = "es" if batches != 1 else ""
+            per_process = n // self.world
+            fits = per_process // cfg.grad_accum  # the largest batch that keeps --grad-accum (0: none does)
+            advice = (f"lower --batch-size (at most {fits}) or --grad-accum" if fits >= 1 else
+                      f"lower --grad-accum (at most {max(1, batches)} at batch {cfg.batch_size}; even batch 1 makes "
+                      f"only {per_process} batches, fewer than {cfg.grad_accum})")
             raise ValueError(f"{self.data.name}: {n} training images{over} make {batches} whole batch{plural} of "
                              f"{cfg.batch_size} an epoch, fewer than the {cfg.grad_accum} one optimiser step "
-                             f"accumulates: lower --batch-size (at most {max(1, n // self.world // cfg.grad_accum)}) "
-                             "or --grad-accum")
+                             f"accumulates: {advice}")
         self.steps_per_epoch = batches // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
