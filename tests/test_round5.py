@@ -253,3 +253,22 @@ def test_too_few_images_for_the_accumulation_names_the_accumulation():
     with pytest.raises(ValueError, match=r"lower --batch-size \(at most 3\) or --grad-accum"):
         Trainer(TrainConfig.from_dict({**cfg.to_dict(), "grad_accum": 30}), data=data, log=lambda s: None,
                 progress=False)
+
+
+def test_continuing_from_hugging_face_mae_weights_says_so_and_what_the_flags_changed(tmp_path):
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+
+    import vitkit
+    from vitkit.data.augment import BatchAugment
+    from vitkit.training.objectives import objective_for
+
+    ViTMAEForPreTraining(ViTMAEConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=64, decoder_hidden_size=32,
+                                      decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+                                      decoder_intermediate_size=64)).save_pretrained(tmp_path / "hf")
+    cfg = TrainConfig(objective="mae", init=str(tmp_path / "hf"), mask_ratio=0.5)
+    objective = objective_for(cfg, BatchAugment([0.5] * 3, [0.25] * 3, (32, 32), 0))
+    module = objective.wrap(vitkit.load(str(tmp_path / "hf")))
+    assert module.mask_ratio == 0.5
+    assert "read from" in objective.note and "Hugging Face's ViTMAEForPreTraining" in objective.note
+    assert "mask ratio 0.75 -> 0.5" in objective.note

@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
     command = command_of(sys.argv[1:] if argv is None else argv)
     try:
         args = _parse(argv, started)
-        if args is None or not isinstance(args, argparse.Namespace):
-            return args or 0
+        if isinstance(args, int):  # nothing to run (help)
+            return args
         if getattr(args, "_run", None):
             import torch  # noqa: F401 - imported here, where a Ctrl-C cannot interrupt its C++ half-way
             import torch.distributed  # noqa: F401 - (its import was where the aborts happened)
@@ -121,9 +121,8 @@ def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
         return 130
     finally:
         raising[0] = False  # a late signal while this returns is noted, not raised into the interpreter's exit
-        if ours:
-            signal.signal(signal.SIGINT, previous if previous is signal.default_int_handler else
-                          signal.default_int_handler)
+        if ours:  # Python's own handler again (also in place of `python -m vitkit`'s early one)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _parse(argv: list[str] | None, started: float) -> argparse.Namespace | int:

@@ -212,7 +212,7 @@ class StreamedImages(torch.utils.data.Dataset):
         # JPEGs decoded by the workers (False), or in the main process on the device its batches go to (True:
         # device_decode.py)
         self.device_decode = False
-        self._kept: tuple[tuple[int, str], torch.utils.data.DataLoader, "_Chunks"] | None = None
+        self._kept: tuple[tuple[int, str, bool], torch.utils.data.DataLoader, "_Chunks"] | None = None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -261,7 +261,7 @@ class StreamedImages(torch.utils.data.Dataset):
     def loader(self, chunks: list[list[int]], device: torch.device, workers: int | None = None
                ) -> torch.utils.data.DataLoader:
         w = self.workers if workers is None else workers
-        key = (w, device.type)
+        key = (w, device.type, self.device_decode)  # (what the workers return depends on where JPEGs decode)
         if self.keep_workers and w and self._kept is not None and self._kept[0] == key:
             self._kept[2].chunks = chunks  # the same workers, this epoch's batches
             return self._kept[1]
@@ -285,6 +285,13 @@ class StreamedImages(torch.utils.data.Dataset):
         ``device_decode``, a list of images and JPEG bytes, decoded by ``_decode``)."""
         return functools.partial(_collate, stack=list) if self.device_decode else _collate
 
+    def _passed_over(self, bad: list[str]) -> None:
+        """Files that did not decode (``bad``: why, each naming its file): counted with --skip-bad-images, else
+        the first named in the error."""
+        if not self.skip_bad:
+            raise ValueError(f"{bad[0]} (while streaming; --skip-bad-images passes over such files)")
+        self.undecodable.update(bad)
+
     def _decode(self, items: list[Any], y: torch.Tensor, device: torch.device
                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``items`` (the workers' images and JPEG bytes) as one uint8 batch on ``device``, with their labels; a
@@ -293,9 +300,7 @@ class StreamedImages(torch.utils.data.Dataset):
             try:
                 return torch.from_numpy(self.prep.array(data, where, self.channels)).to(device)
             except BadImageError as e:
-                if not self.skip_bad:
-                    raise ValueError(f"{e} (while streaming; --skip-bad-images passes over such files)") from None
-                self.undecodable.add(str(e))
+                self._passed_over([str(e)])
                 return None
 
         imgs = decode_batch(items, self.channels, self.prep.crop, self.prep.size, self.prep.train, device, fallback,
@@ -320,9 +325,7 @@ class StreamedImages(torch.utils.data.Dataset):
         try:
             for x, y, bad in self.loader(chunks, device, workers):
                 if bad:
-                    if not self.skip_bad:
-                        raise ValueError(f"{bad[0]} (while streaming; --skip-bad-images passes over such files)")
-                    self.undecodable.update(bad)
+                    self._passed_over(bad)
                     if x is None:
                         continue
                 if self.device_decode:  # the batch's JPEGs decoded and cut on the device, in one call

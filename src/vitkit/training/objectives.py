@@ -97,8 +97,8 @@ class SelfSupervised(Classify):
                 raise ValueError(f"{init / SSL_CONFIG}: not JSON ({e})") from None
             method = saved.get("method") if isinstance(saved, dict) else None
             if method == self.cfg.objective:
-                module = self._continued(load_ssl(init, model), init)
-                self.note = f"the {what}: read from {init} ({SSL_CONFIG}, {SSL_WEIGHTS})" + self.note
+                module, said = self._continued(load_ssl(init, model), init)
+                self.note = f"the {what}: read from {init} ({SSL_CONFIG}, {SSL_WEIGHTS})" + said
                 return module
             self.note = (f"the {what}: new ({init} holds {method or 'no'} parts, not {self.cfg.objective}'s; its "
                          "encoder is read)")
@@ -106,15 +106,17 @@ class SelfSupervised(Classify):
             mae = from_hf_mae(init)
             if any(k.startswith("decoder_") for k in mae.state_dict()):
                 mae.load_state_dict({**mae.state_dict(), **{f"encoder.{k}": v for k, v in model.state_dict().items()}})
-                self.note = f"the {what}: read from {init} (Hugging Face's ViTMAEForPreTraining)"
-                return self._continued(mae, init)
+                module, said = self._continued(mae, init)
+                self.note = f"the {what}: read from {init} (Hugging Face's ViTMAEForPreTraining)" + said
+                return module
         if init is not None and not self.note:
             self.note = f"the {what}: new ({init} holds the encoder alone: no {SSL_CONFIG} and {SSL_WEIGHTS})"
         return build_ssl(model, ssl_settings(self.cfg))
 
-    def _continued(self, module: nn.Module, init: Path) -> nn.Module:
+    def _continued(self, module: nn.Module, init: Path) -> tuple[nn.Module, str]:
         """Pre-training continued from ``init``'s parts: its decoder's shape is the saved one (a flag that asks
-        another is refused by name); the mask ratio and MAE's pixel standardisation are the flags' where given."""
+        another is refused by name); the mask ratio and MAE's pixel standardisation are the flags' where given.
+        Returns the module and what the flags changed, for the note."""
         cfg, said = self.cfg, []
         if isinstance(module, MaskedAutoencoder):
             d = module.decoder_cfg
@@ -133,8 +135,7 @@ class SelfSupervised(Classify):
             rebuilt = build_ssl(module.encoder, {**ssl_config(module), "mask_ratio": cfg.mask_ratio})  # checks it
             rebuilt.load_state_dict(module.state_dict())
             module = rebuilt
-        self.note = f"; as the flags ask: {', '.join(said)}" if said else ""
-        return module
+        return module, f"; as the flags ask: {', '.join(said)}" if said else ""
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """The standardised batch back in [0, 1]: MPP's colours are of the pixels, not of the standardised values."""
