@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ViTConfig, to_2tuple
 from .draws import draw
+from .masked_stem import check_maskable
 from .posembed import sincos_2d_pos_embed
 from .serialization import atomic_write
 from .vit import Block, VisionTransformer
@@ -126,13 +127,11 @@ class MaskedPatchPrediction(nn.Module):
         if not 0 < corrupt < 1:
             raise ValueError(f"mask ratio {corrupt:g}: the share of patches corrupted must be between 0 and 1")
         c = encoder.config
-        if c.hybrid:
-            raise ValueError(f"MPP corrupts the patch embeddings of the image; {c.hybrid!r} is a CNN stem that sees "
-                             "every pixel first: pre-train a plain ViT (--hybrid none)")
+        check_maskable(c.hybrid)  # a hybrid's stem runs masked: the corrupted patches' pixels reach nothing
         self.encoder, self.target, self.corrupt, self.replace = encoder, target, corrupt, replace
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))  # the [mask] embedding of B.1.2
         nn.init.trunc_normal_(self.mask_token, std=0.02, a=-0.04, b=0.04)
-        p, q = to_2tuple(c.patch_size)
+        p, q = encoder.patch_embed.cell  # the pixels of a patch (a hybrid's token: its cell of the image)
         colours = colour_classes(c.in_chans)
         out = {"mean": colours, "4x4": 16 * colours, "l2": p * q * c.in_chans}[target]
         self.head = nn.Linear(c.embed_dim, out)
@@ -164,18 +163,18 @@ class MaskedPatchPrediction(nn.Module):
         ``noise`` (``self.noise``) decides the corruption (drawn from ``generator`` when not given)."""
         enc = self.encoder
         grid = enc._check_input(x)
-        tokens = enc.patch_embed(x)  # x_p E: (B, N, D)
-        b, n, d = tokens.shape
         if noise is None:
             noise = self.noise(x, generator)
         corrupted, to_mask, to_other = self.choose(noise)
+        tokens = enc.patch_embed.masked(x, ~(to_mask | to_other), grid)  # x_p E: (B, N, D)
+        b, n, d = tokens.shape
         other = (noise[2] * (b * n)).long().clamp_max(b * n - 1)  # any patch of the batch
         swapped = tokens.reshape(b * n, d)[other]  # (B, N, D)
         tokens = torch.where(to_mask[..., None], self.mask_token.to(tokens.dtype).expand(b, n, d), tokens)
         tokens = torch.where(to_other[..., None], swapped, tokens)
         z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid)))[:, enc.num_prefix_tokens:]  # (B, N, D)
         pred = self.head(z)
-        target = mpp_targets(raw, enc.config.patch_size, self.target)
+        target = mpp_targets(raw, enc.patch_embed.cell, self.target)
         # the means over the corrupted patches are weighted by the mask, not cut out by it: x[mask] makes the host
         # wait for the device to learn its size (a sync a step on a GPU, and a graph break for torch.compile)
         m = corrupted.float()  # (B, N)
@@ -203,7 +202,7 @@ def mpp_picture(module: "MaskedPatchPrediction", raw: torch.Tensor, out: SSLOutp
     each corrupted patch filled with the mean colour it predicted (the 4x4 target: its 16 cells; l2: its pixels),
     the others as they were."""
     c = module.encoder.config
-    p, q = to_2tuple(c.patch_size)
+    p, q = module.encoder.patch_embed.cell
     grid = module.encoder.patch_embed.grid_size
     patches = patchify(raw, (p, q))
     seen = torch.where(out.mask[..., None], torch.full_like(patches, 0.5), patches)
@@ -256,14 +255,12 @@ class MaskedAutoencoder(nn.Module):
         if int(n * (1 - mask_ratio)) < 1:  # the encoder would see nothing but its prefix tokens
             raise ValueError(f"mask ratio {mask_ratio:g} hides every one of the {n} patches an image has: the encoder "
                              f"would see none (at most {1 - 1 / n:.3g} leaves it one)")
-        p, q = to_2tuple(c.patch_size)
+        p, q = encoder.patch_embed.cell  # the pixels of a patch (a hybrid's token: its cell of the image)
         if norm_pix_loss and p * q * c.in_chans < 2:
             raise ValueError(f"norm_pix_loss standardises each patch's pixels, and a {p}x{q} patch of {c.in_chans} "
                              "channel has one value (its variance is undefined: the loss would be NaN): pre-train "
                              "without it (--no-norm-pix-loss), or with larger patches")
-        if c.hybrid:
-            raise ValueError(f"MAE hides patches of the image from the encoder; {c.hybrid!r} is a CNN stem that sees "
-                             "every pixel first: pre-train a plain ViT (--hybrid none)")
+        check_maskable(c.hybrid)  # a hybrid's stem runs masked: the hidden patches' pixels reach nothing
         if c.pool not in ("cls", "gap") or c.dist_token:
             raise ValueError(f"MAE's encoder is a plain ViT with a class token or mean pooling, not pool={c.pool!r}"
                              + (" with a distillation token" if c.dist_token else ""))
@@ -277,7 +274,6 @@ class MaskedAutoencoder(nn.Module):
         self.register_buffer("decoder_pos_embed", sincos_2d_pos_embed(grid, d.embed_dim, encoder.num_prefix_tokens))
         self.decoder_blocks = nn.Sequential(*[Block(d, 0.0) for _ in range(d.depth)])
         self.decoder_norm = nn.LayerNorm(d.embed_dim, eps=d.layer_norm_eps)
-        p, q = to_2tuple(c.patch_size)
         self.decoder_pred = nn.Linear(d.embed_dim, p * q * c.in_chans)
         self._init_decoder()
 
@@ -309,14 +305,14 @@ class MaskedAutoencoder(nn.Module):
         ``noise`` (B, N) decides the mask as theirs does (drawn from ``generator`` when not given)."""
         enc = self.encoder
         grid = enc._check_input(x)
-        tokens = enc.patch_embed(x)  # (B, N, D)
-        b, n, _ = tokens.shape
+        n = grid[0] * grid[1]
         if noise is None:
             noise = self.noise(x, generator)
         keep, mask, restore = random_order(noise, int(n * (1 - self.mask_ratio)))
+        tokens = enc.patch_embed.masked(x, ~mask, grid)  # (B, N, D)
         z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid, keep)))  # the visible patches and the prefix
         pred = self.decode(z, restore)
-        target = patchify(x, enc.config.patch_size).float()
+        target = patchify(x, enc.patch_embed.cell).float()
         if self.norm_pix_loss:
             target = standardise_patches(target)
         loss = (pred.float() - target).pow(2).mean(-1)
@@ -339,8 +335,8 @@ class MaskedAutoencoder(nn.Module):
         what it could know, the average of the image's visible patches' means and standard deviations (the hidden
         patch's true ones would paint its real brightness and contrast into the picture). Nothing of a hidden
         patch's pixels reaches the result."""
-        c = self.encoder.config
-        target = patchify(x, c.patch_size).float()
+        c, cell = self.encoder.config, self.encoder.patch_embed.cell
+        target = patchify(x, cell).float()
         pred = out.pred.float()
         if self.norm_pix_loss:
             visible = (~out.mask.bool()).float()[..., None]  # (B, N, 1)
@@ -349,7 +345,7 @@ class MaskedAutoencoder(nn.Module):
             std = ((target.var(-1, keepdim=True) + 1e-6).sqrt() * visible).sum(1, keepdim=True) / n
             pred = pred * std + mean
         both = torch.where(out.mask[..., None].bool(), pred, target)
-        return unpatchify(both, c.patch_size, self.encoder.patch_embed.grid_size, c.in_chans)
+        return unpatchify(both, cell, self.encoder.patch_embed.grid_size, c.in_chans)
 
 
 def standardise_patches(target: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from .backbone import Backbone
 from .config import ViTConfig, to_2tuple
 from .hybrid import cnn_stem
+from .masked_stem import masked_features
 from .naflex import NaFlexBatch
 from .posembed import interpolate_grid, resample_pos_embed, sincos_2d_pos_embed
 from .serialization import save_pretrained
@@ -259,6 +260,18 @@ class PatchEmbed(nn.Module):
             if x.device.type == "cpu":  # oneDNN's convolutions run faster on channels-last activations
                 x = x.contiguous(memory_format=torch.channels_last)
             x = self.backbone(x)
+        return self.tokens(x)
+
+    def masked(self, x: torch.Tensor, visible: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """x_p E of images of which only the ``visible`` (B, N) patches are seen (masked pre-training): a plain
+        ViT's patches are cut from the pixels one by one, and a hybrid's CNN runs with the hidden cells masked at
+        every layer (model/masked_stem.py: otherwise its receptive field shows each token its neighbours)."""
+        if not hasattr(self, "backbone"):
+            return self(x)
+        return self.tokens(masked_features(self.backbone, x, visible, grid, self.cell))
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """A feature map (the image, or a hybrid's CNN map) (B, C, H, W) -> x_p E (B, N, D)."""
         b, c, h, w = x.shape
         (p, q), (gh, gw) = self.patch_size, (h // self.patch_size[0], w // self.patch_size[1])
         # x_p flattened as (P, P, C), and E to match: channels last, as the CNN feature map is laid out on a CPU.

@@ -204,17 +204,25 @@ MIN_GRID = 7  # pre-training cuts patches so the grid has at least this many a s
 
 def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[str, Any], data: DataSplits | None,
                      recipe: str, users: dict[str, Any], say: Callable[[str], None], init: bool = False) -> None:
-    """``vitkit pretrain``: the dataset recipe's model, as a plain ViT with patches small enough for a grid of at
-    least ``MIN_GRID`` a side (2 pixels at least), under configs/pretrain-<method>.yaml's optimisation; its tiers (for
-    supervised training's short budgets) left out. From weights (``init``), their own architecture."""
+    """``vitkit pretrain``: the dataset recipe's model under configs/pretrain-<method>.yaml's optimisation, its tiers
+    (for supervised training's short budgets) left out: a hybrid with a conv: stem as it is (the stem runs masked,
+    model/masked_stem.py), so that ``vitkit train --init`` fine-tunes the model the recipe trains; a plain ViT (or one
+    whose stem has no masked form) with patches small enough for a grid of at least ``MIN_GRID`` a side (2 pixels at
+    least). From weights (``init``), their own architecture."""
     merged.update({k: v for k, v in read_recipe(f"pretrain-{objective}").items() if k != "dataset"})
     merged["tiers"] = None
     args = {} if init else dict(merged.get("model_args", {}))
     said = []
-    if args.get("hybrid") and "hybrid" not in users_args:
-        said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: it sees every pixel before the "
-                    "masking)")
+    stem = args.get("hybrid") if "hybrid" not in users_args else None
+    if stem and stem.startswith("conv:"):  # the recipe's own model, pre-trained: its stem runs masked, layer by layer
+        said.append(f"configs/{recipe}.yaml's hybrid, its CNN stem {stem} masked at every layer (the hidden patches' "
+                    "pixels reach nothing)")
+    elif stem:
+        said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: masked pre-training knows the "
+                    "conv: stems' layers, not this one's)")
     size = users_args.get("img_size", args.get("img_size")) or (data.img_size if data is not None else None)
+    if users_args.get("hybrid", args.get("hybrid")) not in (None, "", "none"):
+        size = None  # a hybrid keeps its patches (of the feature map): the model fine-tuned is this one
     users_patch = _own_patch(users.get("model"), size)
     if users_patch is not None and "patch_size" not in users_args:  # a --model of the user's: its own patches
         args["patch_size"] = users_patch

@@ -28,10 +28,10 @@ def ssl_pictures(module: nn.Module, x: torch.Tensor, mean: torch.Tensor, std: to
     if isinstance(module, MaskedAutoencoder):
         out = module(x, generator=gen)
         filled = (module.reconstruct(x, out) * s + m).clamp(0, 1)
-        c, grid = module.encoder.config, module.encoder.patch_embed.grid_size
-        patches = patchify(raw, c.patch_size)
-        seen = unpatchify(torch.where(out.mask[..., None], torch.full_like(patches, 0.5), patches), c.patch_size,
-                          grid, c.in_chans)
+        pe = module.encoder.patch_embed
+        patches = patchify(raw, pe.cell)  # (a hybrid's token: its cell of the image)
+        seen = unpatchify(torch.where(out.mask[..., None], torch.full_like(patches, 0.5), patches), pe.cell,
+                          pe.grid_size, pe.in_chans)
     else:
         out = module(x, raw, generator=gen)
         seen, filled = mpp_picture(module, raw, out)

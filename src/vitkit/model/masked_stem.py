@@ -1,0 +1,106 @@
+"""Masked pre-training of a hybrid (§3.1): the CNN stem must not see what is hidden.
+
+A hybrid's tokens come from a CNN feature map, and a 3x3 convolution's receptive field crosses the token cells: a
+visible token's features, computed on the whole image, hold its hidden neighbours' pixels, and MAE or MPP then
+"reconstructs" what its encoder has already seen (the leak). Three published answers, read for this:
+
+- SimMIM (Xie et al. 2022) replaces the hidden patches by a [mask] token and runs the whole encoder: on a hybrid
+  that means masking the *input* pixels, and the stem and transformer still pay for every token.
+- ConvMAE (Gao et al. 2022) masks its convolutional stages' feature maps ("masked convolution": a convolution reads
+  a hidden position as zero), and its transformer stage sees the visible tokens only, as MAE's.
+- SparK (Tian et al. 2023) does the same for whole CNNs, and computes batch norm over the visible positions alone:
+  the hidden zeros are not data, and statistics over 75% zeros are not the statistics of a whole image, which is
+  what the fine-tuned stem (and a probe, with the running statistics) then reads.
+- A stem applied to each patch alone is the third road; a 4x4-pixel cell padded on its own is not the input the
+  stem sees when fine-tuning, where it spans the cells.
+
+vitkit takes ConvMAE's and SparK's: the hidden cells' pixels are set to zero (the dataset's mean colour, in the
+standardised space), every convolution reads hidden positions as zero and leaves zero there, batch norm takes its
+statistics (and updates its running ones) from the visible positions only, and MAE's encoder gets the visible
+tokens alone (MPP: the hidden ones' [mask] embedding). The hidden pixels reach nothing: the input is zero there
+before any layer runs; the masking after each layer keeps the visible features those of the visible pixels alone, as
+a fine-tuned stem computes them on a whole image up to the cell borders. Pooling is cell-aligned (2x2 max-pooling
+halves a cell of ``patch x stride`` pixels), so a pooled position is wholly visible or wholly hidden.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torchvision.models.resnet import BasicBlock
+
+
+def check_maskable(spec: str | None) -> None:
+    """Refuses the stems whose layers ``masked_features`` does not know (the ``conv:`` stems are the recipes')."""
+    if spec and not spec.startswith("conv:"):
+        raise ValueError(f"masked pre-training of a hybrid masks each layer of its CNN stem, and knows the conv: stems "
+                         f"(3x3 conv-BN-ReLU, M, R<width> blocks), not {spec!r}: pre-train a plain ViT (--hybrid none) "
+                         "or a conv: stem")
+
+
+def cell_mask(visible: torch.Tensor, grid: tuple[int, int], cell: tuple[int, int]) -> torch.Tensor:
+    """(B, N) bool visible tokens of a ``grid`` -> (B, 1, H, W) float, each token's ``cell`` (H, W) positions."""
+    m = visible.reshape(-1, 1, *grid).float()
+    return m.repeat_interleave(cell[0], 2).repeat_interleave(cell[1], 3)
+
+
+def masked_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``bn`` over the visible positions ``m`` (B, 1, H, W) of ``x``, which is zero at the hidden ones (SparK's
+    sparse batch norm): in training the statistics, and the running ones' update, are the visible positions';
+    hidden positions stay zero."""
+    if bn.training:
+        n = m.sum().clamp_min(2)
+        xf = x.float()
+        mean = xf.sum((0, 2, 3)) / n  # the hidden positions are zeros: the sums are the visible positions'
+        var = (xf.square().sum((0, 2, 3)) / n - mean.square()).clamp_min(0)
+        with torch.no_grad():
+            bn.num_batches_tracked.add_(1)
+            bn.running_mean.lerp_(mean, bn.momentum)
+            bn.running_var.lerp_(var * n / (n - 1), bn.momentum)  # unbiased, as BatchNorm2d's
+        scale = bn.weight * torch.rsqrt(var + bn.eps)  # (x - mean) / std * weight + bias, as x * scale + shift
+        shift = bn.bias - mean * scale
+        x = torch.addcmul(shift.to(x.dtype)[:, None, None], x, scale.to(x.dtype)[:, None, None])
+    else:
+        x = bn(x)
+    return x * m.to(x.dtype)
+
+
+def _masked(layer: nn.Module, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stem layer on a feature map that is zero at the hidden positions (``m`` 0), as its output is again:
+    (output, its mask)."""
+    if isinstance(layer, nn.MaxPool2d):
+        return layer(x), F.max_pool2d(m, 2)  # cell-aligned: a pooled position is all visible or all hidden
+    if isinstance(layer, nn.Conv2d):  # reads the hidden positions as the zeros they are; writes none there
+        y = layer(x)
+        return y * m.to(y.dtype), m
+    if isinstance(layer, nn.BatchNorm2d):
+        return masked_batch_norm(layer, x, m), m
+    if isinstance(layer, nn.ReLU):
+        return F.relu(x), m
+    if isinstance(layer, BasicBlock):  # torchvision's: conv-BN-ReLU-conv-BN, the shortcut added, ReLU
+        out = _through((layer.conv1, layer.bn1, layer.relu, layer.conv2, layer.bn2), x, m)
+        skip = x if layer.downsample is None else _through(layer.downsample, x, m)
+        return F.relu(out + skip), m
+    if isinstance(layer, nn.Sequential):
+        for sub in layer:
+            x, m = _masked(sub, x, m)
+        return x, m
+    raise TypeError(f"masked pre-training: no masked form of the stem's {type(layer).__name__}")
+
+
+def _through(layers: Iterable[nn.Module], x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    for layer in layers:  # (no pooling inside a block: the mask stays)
+        x, m = _masked(layer, x, m)
+    return x
+
+
+def masked_features(stem: nn.Module, x: torch.Tensor, visible: torch.Tensor, grid: tuple[int, int],
+                    cell: tuple[int, int]) -> torch.Tensor:
+    """The stem's feature map of images ``x`` (B, C, H, W) of which only the ``visible`` (B, N) token cells of
+    ``cell`` pixels are seen: hidden pixels zero, each layer masked (the module docstring)."""
+    m = cell_mask(visible, grid, cell).to(x.dtype)
+    if x.device.type == "cpu":  # oneDNN's convolutions run faster on channels-last activations (as PatchEmbed)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return _masked(stem, x * m, m)[0]
