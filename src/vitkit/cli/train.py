@@ -27,6 +27,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--epochs",): ("epochs", int, "epochs"),
     ("--train-fraction",): ("train_fraction", float, "train on this share of the training images (class-balanced, "
                                                      "the same images for every model and seed; learning curves)"),
+    ("--holdout",): ("holdout", float, "validate on this class-balanced share of the training images (after "
+                                       "--train-fraction) instead of the dataset's val/test split, which is then "
+                                       "not read: for choosing settings without the test set"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
     ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),
     ("--lr",): ("lr", float, "peak learning rate (for the global batch; not scaled automatically)"),

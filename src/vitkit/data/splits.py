@@ -83,10 +83,13 @@ class DataSplits:
         move = lambda t: ImageTensors(t.images.to(device), t.labels.to(device))  # noqa: E731
         return dataclasses.replace(self, train=move(self.train), val=move(self.val))
 
-    def with_train_fraction(self, fraction: float, seed: int = 0) -> "DataSplits":
+    def with_train_fraction(self, fraction: float, seed: int = 0, holdout: float = 0.0) -> "DataSplits":
         """The same splits with ``fraction`` of the training images, class-balanced: every class keeps
         ``round(fraction x its count)`` images (at least one), drawn with a fixed ``seed`` so every model in a
-        comparison sees the same ones, and a smaller fraction's images are among a larger one's."""
+        comparison sees the same ones, and a smaller fraction's images are among a larger one's. With ``holdout``,
+        that share of them is then the validation split (``holding_out``)."""
+        if holdout:
+            return self.with_train_fraction(fraction, seed).holding_out(holdout)
         if fraction >= 1:
             return self
         labels = self.train.labels.cpu()  # (resident on a GPU: the choice is made on the host, then cut there)
@@ -97,6 +100,27 @@ class DataSplits:
             keep.append(of_c[:max(1, round(fraction * len(of_c)))])
         idx = torch.cat(keep).sort().values
         return dataclasses.replace(self, train=self.train.subset(idx))
+
+    def holding_out(self, share: float) -> "DataSplits":
+        """A class-balanced ``share`` of the training images as the validation split, the rest to train on; the
+        dataset's own validation (or test) split is set aside unread. Settings chosen on this split have never seen
+        the test images. Every class keeps one image to train on and gives at least one, where it has two."""
+        labels = self.train.labels.cpu()
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
+        held = []
+        for c in labels.unique().tolist():
+            of_c = order[labels[order] == c]
+            if len(of_c) > 1:
+                held.append(of_c[:min(len(of_c) - 1, max(1, round(share * len(of_c))))])
+        held_idx = torch.cat(held).sort().values if held else torch.zeros(0, dtype=torch.int64)
+        rest = torch.ones(len(labels), dtype=torch.bool)
+        rest[held_idx] = False
+        if not len(held_idx):
+            raise ValueError(f"--holdout {share:g}: no class has two training images to give one to validation")
+        how = f"validating on {len(held_idx)} held-out training images (--holdout {share:g}; {self.name}'s own " \
+              "validation split unread)"
+        return dataclasses.replace(self, train=self.train.subset(rest.nonzero()[:, 0]),
+                                   val=self.train.subset(held_idx), how=", ".join(filter(None, [self.how, how])))
 
     def mean_std(self) -> tuple[list[float], list[float]]:
         x = self.train.stats_sample().float().div_(255)

@@ -47,6 +47,7 @@ class TrainConfig:
     init: str | None = None  # fine-tune from weights: a registered NAME.TAG or any file/folder vitkit.load reads
     freeze_body: bool = False  # train the head alone (a linear probe on the pretrained features)
     train_fraction: float = 1.0  # train on this class-balanced share of the training split (learning curves)
+    holdout: float = 0.0  # validate on this class-balanced share of those training images, not the val/test split
     folder_max_side: int = 128  # --dataset folder: images are held in memory at up to this many pixels a side
     # Photos (folder, shards) at the model's img_size as ImageNet training prepares them, rather than each image
     # squashed whole: evaluation resizes the short side to img_size / crop_pct and takes the centre (224 of 256:
@@ -176,6 +177,7 @@ class TrainConfig:
         for k, lo, hi, lo_open, hi_open in (
                 ("lr", 0, None, True, False), ("min_lr", 0, None, False, False),
                 ("body_lr_scale", 0, None, False, False), ("train_fraction", 0, 1, True, False),
+                ("holdout", 0, 1, False, True),
                 ("momentum", 0, 1, False, True), ("weight_decay", 0, None, False, False),
                 ("warmup_epochs", 0, None, False, False), ("clip_grad", 0, None, False, False),
                 ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),

@@ -144,8 +144,8 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
 def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
             measure_threads: bool, log: Callable[[str], None] = print) -> TrainConfig:
     """Every decision of ``DECISIONS``, in order, on the plan so far: the config they leave."""
-    so_far = Planning(cfg, data.with_train_fraction(cfg.train_fraction), device, p, start_time, refresh,
-                      measure_threads, log)
+    run_data = data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout)
+    so_far = Planning(cfg, run_data, device, p, start_time, refresh, measure_threads, log)
     for decide in DECISIONS:
         decide(so_far)
     return so_far.cfg

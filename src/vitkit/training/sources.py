@@ -146,7 +146,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
         merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
                                               {**file_cfg.get("model_args", {}), **src.model_args})
     if init and not saved and data is not None:
-        n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0)).train)  # what the run trains on
+        n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0),
+                                                  holdout=merged.get("holdout", 0.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
 

@@ -77,7 +77,7 @@ class Trainer:
             raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 or "
                              "bf16")
         torch.manual_seed(cfg.seed + self.rank)
-        self.data = resident(self.data.with_train_fraction(cfg.train_fraction), self.device,
+        self.data = resident(self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout), self.device,
                              log if self.is_main else lambda s: None)
         if self.data.streamed:  # read from the files by the workers the planner chose
             self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
