@@ -137,6 +137,30 @@ def test_compile_auto_stays_eager_when_the_gain_does_not_repay_the_compile(monke
     assert cfg.compile is True and any(n.startswith("compile: on") for n in p.notes)
 
 
+@pytest.mark.parametrize("busy,timed", [(0.8, 2), (None, 1)])
+def test_a_compile_timed_while_others_held_the_cores_is_not_cached_for_the_next_run(monkeypatch, tmp_path, busy,
+                                                                                    timed):
+    """The compile timing was stored whatever the load, and the next run read a beside-a-test-suite step as its
+    own ("cached"); the other timings were already kept to their run."""
+    _inject(monkeypatch, {"fp32": 0.01, "bf16": 0.02})
+    monkeypatch.delenv("VITKIT_CACHE_UNDER_LOAD", raising=False)
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))  # no other test's timings
+    calls = []
+
+    def fake_compile(probe, chosen, device):
+        calls.append(1)
+        extra = {"compile_s": 40.0, **({"other_load_cores": busy} if busy else {})}
+        return Calibration("compile", [Timing({"compiled": False}, 0.010), Timing({"compiled": True}, 0.006)],
+                           extra=extra)
+
+    monkeypatch.setattr(compile_plan, "_time_compile", fake_compile)
+    monkeypatch.setattr(compile_plan, "has_cxx_compiler", lambda: True)
+    base = TrainConfig(**{**DIGITS, "epochs": 100000}, precision="auto", compile="auto", threads=1)
+    make_plan(base, log=lambda s: None, refresh=True)
+    cfg, _ = make_plan(base, log=lambda s: None)
+    assert len(calls) == timed and cfg.compile is True
+
+
 def test_a_slow_machine_gets_the_few_epochs_tier_and_a_fast_one_the_recipe(monkeypatch):
     tiers = [{"below": 3, "model_args": {"depth": 2}, "lr": 0.003}, {"below": 30, "lr": 0.002}]
     base = TrainConfig(**DIGITS, precision="auto", threads=1, time_limit=0.25, tiers=tiers)

@@ -74,6 +74,10 @@ def test_damaged_objective_files_are_named(mae_run, tmp_path, capsys):
     _one_line(capsys, code, "ssl.safetensors: not a readable safetensors file")
     code = main(["inspect", "reconstruct", "--checkpoint", str(bad), "--out", str(tmp_path / "r.png")])
     _one_line(capsys, code, "ssl.safetensors: not a readable safetensors file")
+    code = main(["inspect", "reconstruct", "--checkpoint", str(mae_run / "best"), "--input-size", "48", "32",
+                 "--out", str(tmp_path / "s.png")])  # was ignored without a word
+    _one_line(capsys, code, "draws at the size the model was pre-trained at")
+    assert not (tmp_path / "s.png").exists()
     odd = tmp_path / "odd"
     shutil.copytree(mae_run / "best", odd)
     cfg = json.loads((odd / "ssl.json").read_text())

@@ -221,7 +221,11 @@ def test_a_flat_folder_of_images_pretrains(tmp_path, capsys):
                  *TINY, "--output", str(tmp_path / "p"), "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert "114 train / 6 val images, 16x16x1, one class" in out
+    assert "every 20th image set aside to validate (--holdout SHARE: a share of your choosing)" in out
     assert "mpp on one channel: 8 gray levels" in out  # MPP's colour target in one channel, said
+    assert main(["pretrain", "--method", "mpp", "--dataset", "folder", "--data-dir", str(flat), "--epochs", "1",
+                 "--holdout", "0.1", *TINY, "--output", str(tmp_path / "q"), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "103 train / 11 val images" in capsys.readouterr().out
 
 
 def test_bad_input_for_pretraining_is_one_line(tmp_path, capsys):

@@ -264,6 +264,7 @@ def reconstruct(args: argparse.Namespace) -> int:
     import torch
 
     from ..data.preprocess import image_files, images_to_tensor, load_images, preprocessing_of
+    from ..model.config import to_2tuple
     from ..model.ssl import load_ssl
     from ..training.ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
@@ -271,6 +272,11 @@ def reconstruct(args: argparse.Namespace) -> int:
         raise ValueError("inspect reconstruct: --checkpoint a self-supervised run's checkpoint folder (RUN/best or "
                          "RUN/last: the encoder with ssl.json and ssl.safetensors beside it)")
     encoder = load_weights(args).eval()
+    if args.input_size or args.keep_aspect:  # (--input-size was ignored without a word)
+        h, w = to_2tuple(encoder.config.img_size)
+        flag = "--input-size" if args.input_size else "--keep-aspect"
+        raise ValueError(f"inspect reconstruct draws at the size the model was pre-trained at, {h}x{w} (its "
+                         f"decoder's position table is of that grid): leave out {flag}; the images are resized to it")
     module = load_ssl(args.checkpoint, encoder)
     pre = preprocessing_of(encoder)
     if args.images:

@@ -271,8 +271,12 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     ``crop`` (``images.crop_spec``: pretrained weights' own resize + centre crop) prepares every image as predict and
     serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
     src, classes, items = folder_items(path, unlabeled)
-    return load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
-                       progress, max_side, crop, mode, say)
+    splits = load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
+                         progress, max_side, crop, mode, say)
+    if unlabeled and "train" not in src.dirs:  # (the share held out was not said, nor how to choose another)
+        flat = f"every {UNLABELED_VAL}th image set aside to validate (--holdout SHARE: a share of your choosing)"
+        splits = dataclasses.replace(splits, how=", ".join(filter(None, [splits.how, flat])))
+    return splits
 
 
 def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]]], classes: list[str],

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, store, time_candidates
+from ..runtime.calibrate import Calibration, Timing, cached, cached_of_kind, store_unless_loaded, time_candidates
 from ..runtime.compile import has_cxx_compiler
 from .budget import budget_left
 from .config import COMPILE_MODES, TrainConfig
@@ -88,7 +88,7 @@ def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], d
                        f"gain, {gain:.2f}x, {whose}; --compile to compile anyway)")
     if known is None:
         known = _time_compile(probe, chosen, device)
-        store(device, workload, known)
+        store_unless_loaded(device, workload, known)
         p.calibrations.append(known)
     else:
         p.calibrations.append(known)
