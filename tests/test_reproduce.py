@@ -117,22 +117,22 @@ def test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_defaul
     the seed and the time; each seed pre-trains its own encoder (the recipe's hybrid), fine-tuned by --init alone."""
     out = tmp_path / "ss"
     assert main(["reproduce", "self-supervision", "--quick", "--data-dir", str(cifar_like), "--out", str(out),
-                 "--runs", "pretrain-mae-hybrid,default-10pct,mae-hybrid-10pct"]) == 0
+                 "--runs", "hybrid-pretrain-mae,default-10pct,hybrid-mae-10pct"]) == 0
     said = capsys.readouterr().out
     rows = {r["run"]: r for r in _rows(out)}
-    assert sorted(rows) == ["default-10pct-seed0", "default-10pct-seed1", "mae-hybrid-10pct-seed0",
-                            "mae-hybrid-10pct-seed1", "pretrain-mae-hybrid-seed0", "pretrain-mae-hybrid-seed1"]
+    assert sorted(rows) == ["default-10pct-seed0", "default-10pct-seed1", "hybrid-mae-10pct-seed0",
+                            "hybrid-mae-10pct-seed1", "hybrid-pretrain-mae-seed0", "hybrid-pretrain-mae-seed1"]
     for seed in (0, 1):
-        tuned = rows[f"mae-hybrid-10pct-seed{seed}"]["command"]
-        assert f"--init {out / 'runs' / f'pretrain-mae-hybrid-seed{seed}' / 'last'}" in tuned
+        tuned = rows[f"hybrid-mae-10pct-seed{seed}"]["command"]
+        assert f"--init {out / 'runs' / f'hybrid-pretrain-mae-seed{seed}' / 'last'}" in tuned
         assert "--layer-decay" not in tuned and "--opt" not in tuned  # --init picks MAE's fine-tuning by itself
         default = rows[f"default-10pct-seed{seed}"]["command"]
         assert "--init" not in default and "--lr" not in default and "--model" not in default
-        assert "--hybrid" not in rows[f"pretrain-mae-hybrid-seed{seed}"]["command"]  # the recipe's own model
-    log = (out / "runs" / "pretrain-mae-hybrid-seed0" / "train.log").read_text()
+        assert "--hybrid" not in rows[f"hybrid-pretrain-mae-seed{seed}"]["command"]  # the recipe's own model
+    log = (out / "runs" / "hybrid-pretrain-mae-seed0" / "train.log").read_text()
     assert "its CNN stem conv:64,64,M,128,128,M masked at every layer" in log
-    assert "fine-tuned as MAE's are" in (out / "runs" / "mae-hybrid-10pct-seed1" / "train.log").read_text()
-    assert vitkit.load(str(out / "runs" / "mae-hybrid-10pct-seed0" / "best")).config.hybrid == "conv:64,64,M,128,128,M"
+    assert "fine-tuned as MAE's are" in (out / "runs" / "hybrid-mae-10pct-seed1" / "train.log").read_text()
+    assert vitkit.load(str(out / "runs" / "hybrid-mae-10pct-seed0" / "best")).config.hybrid == "conv:64,64,M,128,128,M"
     text = (out / "summary.md").read_text()
     assert "against what `vitkit train` gives by default" in text and "10% of the labels: the default" in text
 

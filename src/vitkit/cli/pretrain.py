@@ -33,6 +33,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="the learning rate per 256 images a step (lr = blr x global batch / 256; the recipes': mae "
                         "1.5e-4, mpp 1e-3)")
     train.add_parser(p)
+    for action in p._actions:  # train's --init speaks of fine-tuning; here it continues a pre-training
+        if action.dest == "init":
+            action.help = ("continue pre-training from weights: a `vitkit pretrain` checkpoint (its encoder, and its "
+                           "decoder or head where they are of this --method), a Hugging Face ViTMAE folder, or any "
+                           "encoder --init of vitkit train reads (a new decoder); the flags say what changes")
 
 
 MAE_ONLY = ("decoder_width", "decoder_depth", "decoder_heads", "norm_pix_loss")  # (flags given: in args at all)

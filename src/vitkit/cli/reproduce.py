@@ -21,17 +21,20 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                                                       "folder or zip with train/ and val/, e.g. ants-bees.zip)")
     p.add_argument("--budget-min", type=float, default=None,
                    help="wall-clock minutes per run (default: the claim's: about an hour in all on 2 CPU cores for "
-                        "data-size, posemb, transfer and patch-size, whose pre-training gets 5 of them; 190-230 "
-                        "minutes for self-supervision, its pre-trainings and fine-tunings and the runs beside them)")
+                        "data-size, posemb, transfer and patch-size, whose pre-training gets 5 of them; about 8 hours "
+                        "for self-supervision, 30 minutes a comparison: the recipe's hybrid pre-trained by MAE (2 "
+                        "seeds) and MPP against the default at 1%%, 10%% and 100%% of the labels, ~280 minutes, and "
+                        "the plain ViT's runs, 190-230)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny slice of the data, narrow models, one epoch a run: checks the machinery in about a "
                         "minute, says nothing about the claim")
     p.add_argument("--out", default=None, help="results folder (default results/<claim>[-quick]); a sweep that was "
                                                "stopped continues there")
     p.add_argument("--runs", default=None, metavar="PREFIXES",
-                   help="only the runs whose names begin with one of these, joined by commas (e.g. pretrain-mae,"
-                        "scratch-10pct,mae-10pct): a part of a claim in less time; the others can be added later "
-                        "with the same --out")
+                   help="only the runs whose names begin with one of these, joined by commas (e.g. hybrid-pretrain-"
+                        "mae-seed0,default-10pct-seed0,hybrid-mae-10pct-seed0: the 10%% comparison of one seed, an "
+                        "hour): a part of a claim in less time; the others can be added later with the same "
+                        "--out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

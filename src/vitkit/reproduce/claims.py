@@ -192,7 +192,7 @@ def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
     ft_b = round(total - pre_b, 2) if total else None
     quick = {"epochs": 1, "batch_size": 8, "compile": False} if s.quick else {}
     seeds = sorted({seed for f in LABEL_SHARES for seed in SEEDS_AT.get(f, (0,))})
-    runs = [Run(f"pretrain-{m}-hybrid-seed{seed}", _with(s.data, PRETRAIN_HYBRID[m], {"seed": seed},
+    runs = [Run(f"hybrid-pretrain-{m}-seed{seed}", _with(s.data, PRETRAIN_HYBRID[m], {"seed": seed},
                                                           s.fraction(1.0), quick),
                 {"stage": "pre-train", "labels": 0.0, "weights": f"{m.upper()} (recipe's hybrid), no labels",
                  "seed": seed}, pre_b)
@@ -203,8 +203,8 @@ def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
             runs.append(Run(f"default-{pct}-seed{seed}", base,
                             {"stage": "target", "labels": f, "weights": DEFAULT, "seed": seed}, total))
             for m in ("mae", "mpp") if seed == 0 else ("mae",):
-                pre = runs_dir / f"pretrain-{m}-hybrid-seed{seed}" / "last"
-                runs.append(Run(f"{m}-hybrid-{pct}-seed{seed}", _with(base, {"init": str(pre)}),
+                pre = runs_dir / f"hybrid-pretrain-{m}-seed{seed}" / "last"
+                runs.append(Run(f"hybrid-{m}-{pct}-seed{seed}", _with(base, {"init": str(pre)}),
                                 {"stage": "target", "labels": f, "weights": f"{m.upper()} (recipe's hybrid), no "
                                  "labels", "seed": seed}, ft_b))
     return runs
@@ -352,7 +352,7 @@ def self_supervision_verdict(rows: list[dict[str, Any]]) -> str:
                        f"{abs(plain - scratch):.2f} points over training it from scratch for the same total time.")
     if not parts and not recipe:
         return "incomplete: the fine-tuned and from-scratch runs of a share of the labels are needed"
-    pre = next((r for r in rows if r["run"].startswith("pretrain-mae")), None)
+    pre = next((r for r in rows if "pretrain-mae" in r["run"]), None)
     images = f"{int(float(pre['train_images'])):,} training images" if pre else "training images"
     said = (("The recipe's model against what `vitkit train` gives by default, in the same total time: "
              + "; ".join(recipe) + ". ") if recipe else "")
