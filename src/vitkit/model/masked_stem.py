@@ -57,8 +57,10 @@ def masked_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, m: torch.Tensor) -> t
         var = (xf.square().sum((0, 2, 3)) / n - mean.square()).clamp_min(0)
         with torch.no_grad():
             bn.num_batches_tracked.add_(1)
-            bn.running_mean.lerp_(mean, bn.momentum)
-            bn.running_var.lerp_(var * n / (n - 1), bn.momentum)  # unbiased, as BatchNorm2d's
+            # momentum None: BatchNorm2d's cumulative average
+            rate = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+            bn.running_mean.lerp_(mean, rate)
+            bn.running_var.lerp_(var * n / (n - 1), rate)  # unbiased, as BatchNorm2d's
         scale = bn.weight * torch.rsqrt(var + bn.eps)  # (x - mean) / std * weight + bias, as x * scale + shift
         shift = bn.bias - mean * scale
         x = torch.addcmul(shift.to(x.dtype)[:, None, None], x, scale.to(x.dtype)[:, None, None])
