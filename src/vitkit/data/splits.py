@@ -7,7 +7,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -48,6 +48,16 @@ class ImageTensors:
 
     def stats_sample(self) -> torch.Tensor:
         return self.images[:20000]
+
+
+def _per_class(labels: torch.Tensor, seed: int, count: Callable[[int], int]) -> torch.Tensor:
+    """Sorted indices of ``count(n)`` images of each class of n, the first of a fixed shuffle (``seed``): the same
+    images every call, and a smaller count's among a larger one's. Chosen on the host (labels resident on a GPU
+    included), then cut wherever the images are."""
+    labels = labels.cpu()
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    picked = [of_c[:count(len(of_c))] for c in labels.unique().tolist() for of_c in [order[labels[order] == c]]]
+    return torch.cat(picked).sort().values if picked else torch.zeros(0, dtype=torch.int64)
 
 
 @dataclass
@@ -92,28 +102,15 @@ class DataSplits:
             return self.with_train_fraction(fraction, seed).holding_out(holdout)
         if fraction >= 1:
             return self
-        labels = self.train.labels.cpu()  # (resident on a GPU: the choice is made on the host, then cut there)
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-        keep = []
-        for c in labels.unique().tolist():
-            of_c = order[labels[order] == c]
-            keep.append(of_c[:max(1, round(fraction * len(of_c)))])
-        idx = torch.cat(keep).sort().values
+        idx = _per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))
         return dataclasses.replace(self, train=self.train.subset(idx))
 
     def holding_out(self, share: float) -> "DataSplits":
         """A class-balanced ``share`` of the training images as the validation split, the rest to train on; the
         dataset's own validation (or test) split is set aside unread. Settings chosen on this split have never seen
         the test images. Every class keeps one image to train on and gives at least one, where it has two."""
-        labels = self.train.labels.cpu()
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1))
-        held = []
-        for c in labels.unique().tolist():
-            of_c = order[labels[order] == c]
-            if len(of_c) > 1:
-                held.append(of_c[:min(len(of_c) - 1, max(1, round(share * len(of_c))))])
-        held_idx = torch.cat(held).sort().values if held else torch.zeros(0, dtype=torch.int64)
-        rest = torch.ones(len(labels), dtype=torch.bool)
+        held_idx = _per_class(self.train.labels, 1, lambda n: min(n - 1, max(1, round(share * n))))
+        rest = torch.ones(len(self.train.labels), dtype=torch.bool)
         rest[held_idx] = False
         if not len(held_idx):
             raise ValueError(f"--holdout {share:g}: no class has two training images to give one to validation")

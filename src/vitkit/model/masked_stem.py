@@ -2,7 +2,7 @@
 
 A hybrid's tokens come from a CNN feature map, and a 3x3 convolution's receptive field crosses the token cells: a
 visible token's features, computed on the whole image, hold its hidden neighbours' pixels, and MAE or MPP then
-"reconstructs" what its encoder has already seen (the leak). Three published answers, read for this:
+"reconstructs" what its encoder has already seen (the leak). The answers read for this:
 
 - SimMIM (Xie et al. 2022) replaces the hidden patches by a [mask] token and runs the whole encoder: on a hybrid
   that means masking the *input* pixels, and the stem and transformer still pay for every token.
@@ -82,20 +82,18 @@ def _masked(layer: nn.Module, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.T
     if isinstance(layer, nn.ReLU):
         return F.relu(x), m
     if isinstance(layer, BasicBlock):  # torchvision's: conv-BN-ReLU-conv-BN, the shortcut added, ReLU
-        out = _through((layer.conv1, layer.bn1, layer.relu, layer.conv2, layer.bn2), x, m)
-        skip = x if layer.downsample is None else _through(layer.downsample, x, m)
-        return F.relu(out + skip), m
+        out = _through((layer.conv1, layer.bn1, layer.relu, layer.conv2, layer.bn2), x, m)[0]
+        skip = x if layer.downsample is None else _through(layer.downsample, x, m)[0]
+        return F.relu(out + skip), m  # (no pooling inside a block: the mask stays)
     if isinstance(layer, nn.Sequential):
-        for sub in layer:
-            x, m = _masked(sub, x, m)
-        return x, m
+        return _through(layer, x, m)
     raise TypeError(f"masked pre-training: no masked form of the stem's {type(layer).__name__}")
 
 
-def _through(layers: Iterable[nn.Module], x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    for layer in layers:  # (no pooling inside a block: the mask stays)
+def _through(layers: Iterable[nn.Module], x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    for layer in layers:
         x, m = _masked(layer, x, m)
-    return x
+    return x, m
 
 
 def masked_features(stem: nn.Module, x: torch.Tensor, visible: torch.Tensor, grid: tuple[int, int],
