@@ -276,3 +276,43 @@ def test_continuing_from_hugging_face_mae_weights_says_so_and_what_the_flags_cha
     assert module.mask_ratio == 0.5
     assert "read from" in objective.note and "Hugging Face's ViTMAEForPreTraining" in objective.note
     assert "mask ratio 0.75 -> 0.5" in objective.note
+
+
+def test_a_decode_that_would_swallow_the_budget_streams_or_is_refused_before_a_pixel_is_decoded(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    """Issue 67: `--time-limit 1` on 15,000 photos spent ~40 s decoding them into memory and was then refused. The
+    decode is timed on a few images first (here: played as 100 s, a slow disk): auto streams, memory refuses."""
+    import time
+
+    import vitkit.data.folder as folder
+    from helpers import write_digits_folder
+
+    data = write_digits_folder(tmp_path / "digits", per_class=3)
+    timed = []
+    monkeypatch.setattr(folder, "decode_seconds", lambda *a: timed.append(a) or 100.0)
+    flags = {"dataset": "folder", "data_dir": str(data), "time_limit": 1.0, "cache_dir": str(tmp_path / "cache")}
+    said = []
+    _, splits, _ = resolve(Sources(flags, started=time.time()), said.append)
+    assert timed and splits.streamed and any("would take ~100 s" in s and "streamed from the files instead" in s
+                                             for s in said), said
+    code = main(["train", "--dataset", "folder", "--data-dir", str(data), "--time-limit", "1", "--data-mode",
+                 "memory", "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "run")])
+    _one_line(capsys, code, f"{data}: listing and decoding 60 images into memory would take ~100 s")
+    assert not list((tmp_path / "cache").glob("folder-*")) and not (tmp_path / "run").exists()
+    # no budget, or a decode cached before: nothing timed, nothing changed
+    timed.clear()
+    assert not resolve(Sources({**flags, "time_limit": None}, started=time.time()), said.append)[1].streamed
+    assert not timed
+
+
+def test_a_listing_longer_than_the_budget_is_refused_and_a_cached_decode_costs_nothing():
+    from vitkit.data.folder import mode_within_budget
+
+    said = []
+    with pytest.raises(ValueError, match="listing the headers of 50,000 images would take ~70 s"):
+        mode_within_budget("photos", "stream", True, 55.0, 70.0, lambda: pytest.fail("nothing to decode"), 50_000,
+                           said.append)
+    assert mode_within_budget("photos", "memory", True, 55.0, 0.0, lambda: 0.0, 50_000, said.append) == "memory"
+    assert mode_within_budget("photos", "memory", False, 55.0, 5.0, lambda: 30.0, 50_000, said.append) == "memory"
+    assert mode_within_budget("photos", "memory", True, 55.0, 5.0, lambda: 10.0, 50_000, said.append) == "memory"
+    assert not said

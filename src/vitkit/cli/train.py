@@ -158,7 +158,7 @@ def sources(args: argparse.Namespace) -> "Sources":  # noqa: F821
 
     given = {k: v for k, v in vars(args).items()
              if not k.startswith(("model__", "_")) and k not in ("command", "config")}
-    return Sources(given, model_overrides(args), args.config)
+    return Sources(given, model_overrides(args), args.config, getattr(args, "_started", None))
 
 
 def resolve_sources(args: argparse.Namespace, resolve):  # type: ignore[no-untyped-def]

@@ -137,11 +137,13 @@ def load_fake_splits(n: int = 256, img_size: int = 16, channels: int = 3, num_cl
 def load_dataset(name: str, data_dir: str | None = None, download: bool = False, skip_bad_images: bool = False,
                  cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
                  crop: dict[str, Any] | None = None, mode: str = "auto",
-                 say: Callable[[str], None] | None = None, unlabeled: bool = False) -> DataSplits:
+                 say: Callable[[str], None] | None = None, unlabeled: bool = False,
+                 budget_s: float | None = None) -> DataSplits:
     """One entry point for every dataset name in :data:`DATASETS` (``crop``: a folder's images resized and cropped
     as pretrained weights expect them, ``images.crop_spec``; ``mode``: a folder in memory or streamed, or ``auto``,
     folder.load_folder_splits, which ``say``s what it chose; ``unlabeled``: self-supervision reads a folder without
-    splits or classes too)."""
+    splits or classes too; ``budget_s``: the seconds a --time-limit leaves, which listing and decoding must fit,
+    folder.mode_within_budget)."""
     if name == "digits":
         return load_digits_splits(cache_dir=cache_dir)
     if name in ("mnist", "fashion-mnist"):
@@ -153,17 +155,18 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
             raise ValueError("--dataset folder needs --data-dir DIR (a folder or .zip with train/<class>/* and "
                              "val/<class>/* or test/<class>/*)")
         return load_folder_splits(data_dir, skip_bad_images, cache_dir=cache_dir, progress=progress,
-                                  max_side=max_side, crop=crop, mode=mode, say=say, unlabeled=unlabeled)
+                                  max_side=max_side, crop=crop, mode=mode, say=say, unlabeled=unlabeled,
+                                  budget_s=budget_s)
     if name == "shards":
         if not data_dir:
             raise ValueError("--dataset shards needs --data-dir DIR (WebDataset shards train-*.tar and val-*.tar, "
                              "as `vitkit shard` writes them)")
         return load_shard_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say,
-                                 unlabeled=unlabeled)
+                                 unlabeled=unlabeled, budget_s=budget_s)
     if name == "hf":
         if not data_dir:
             raise ValueError("--dataset hf needs --data-dir PATH: a save_to_disk folder, parquet files, or a Hub id")
-        return load_hf_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say)
+        return load_hf_splits(data_dir, skip_bad_images, cache_dir, progress, max_side, crop, mode, say, budget_s)
     if name == "fake":
         return load_fake_splits()
     raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")

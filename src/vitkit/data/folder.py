@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from ..runtime.memory import available_memory
 from .images import BadImageError, crop_decode_side
 from .splits import DataSplits, ImageTensors, load_cached, save_cached
-from .stream import Listing, Prepare, Reader, StreamedImages, header, kept, list_images
+from .stream import Listing, Prepare, Reader, StreamedImages, header, kept, list_images, listing_cache
 
 MAX_IMAGE_BYTES = 512 * 1024 * 1024  # a 100-megapixel uncompressed RGB TIFF is 300 MB; a photo JPEG is a few MB
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -151,22 +152,70 @@ DECODE_PEAK = 1.1  # peak memory of a decode into memory over the decoded size: 
 
 
 def estimate_decoded(reader: Reader, names: list[str], prep: Prepare, sample: int = 256
-                     ) -> tuple[int, tuple[int, int], int]:
+                     ) -> tuple[tuple[int, tuple[int, int], int], float]:
     """(images, (H, W) kept, channels) of ``names`` before decoding them, from the headers of up to ``sample`` files
-    spread over them (stream.header: no pixel decoded), kept by the listing's own rule (stream.kept)."""
+    spread over them (stream.header: no pixel decoded), kept by the listing's own rule (stream.kept); and the
+    seconds listing every header would take at the pace these were read."""
     sizes: Counter = Counter()
     gray = True
-    for n in names[::max(1, len(names) // sample)][:sample]:
+    picked = names[::max(1, len(names) // sample)][:sample]
+    started = time.perf_counter()
+    for n in picked:
         try:
             hw, g = header(reader.read(n), reader.where(n))
         except BadImageError:  # named when it is listed or decoded; here it only counts for less
             continue
         sizes[f"{hw[0]}x{hw[1]}"] += 1
         gray = gray and g
+    listing_s = (time.perf_counter() - started) / max(1, len(picked)) * len(names)
     if not sizes and prep.size is None:  # nothing read: the largest the decode side allows
-        return len(names), (prep.decode_side, prep.decode_side), 1 if gray else 3
+        return (len(names), (prep.decode_side, prep.decode_side), 1 if gray else 3), listing_s
     prep, channels = kept(Listing({}, {}, dict(sizes), gray, []), prep)
-    return len(names), prep.size, channels  # type: ignore[return-value]
+    return (len(names), prep.size, channels), listing_s  # type: ignore[return-value]
+
+
+DECODE_SAMPLE = 8  # images decoded to time a decode into memory (the headers' sample is 256: they are cheap)
+DECODE_SHARE = 1 / 3  # under --time-limit, --data-mode auto streams a dataset whose decode into memory would take
+# more than this share of the budget: a 1-minute run on 16,356 photos spent 40 s decoding them and was then refused,
+# where streamed it decodes only what its steps read (in workers, beside the step)
+
+
+def decode_seconds(reader: Reader, names: list[str], prep: Prepare, size: tuple[int, int], channels: int) -> float:
+    """Seconds decoding all of ``names`` into memory would take, timed on ``DECODE_SAMPLE`` of them spread over the
+    list (an unreadable one counts its failed read)."""
+    picked = names[::max(1, len(names) // DECODE_SAMPLE)][:DECODE_SAMPLE]
+    p = dataclasses.replace(prep, size=size)
+    started = time.perf_counter()
+    for n in picked:
+        try:
+            p.array(reader.read(n), reader.where(n), channels)
+        except BadImageError:
+            pass
+    return (time.perf_counter() - started) / max(1, len(picked)) * len(names)
+
+
+def mode_within_budget(path: str, mode: str, auto: bool, budget_s: float, listing_s: float,
+                       decode_s: Callable[[], float], images: int, say: Callable[[str], None]) -> str:
+    """The data mode a ``--time-limit`` leaving ``budget_s`` seconds allows, judged before a header is listed or a
+    pixel decoded (``listing_s``: 0 for a cached listing; ``decode_s``: the decode into memory, timed when asked,
+    0 for a cached one): --data-mode auto streams data whose decode would take more than ``DECODE_SHARE`` of it;
+    data that cannot be listed (and, in memory, decoded) within it is refused now, not after."""
+    if mode == "memory" and (decode := decode_s()) > 0:
+        if auto and listing_s + decode > DECODE_SHARE * budget_s:
+            say(f"{path}: decoding {images:,} images into memory would take ~{decode:.0f} s of the ~{budget_s:.0f} s "
+                "the --time-limit leaves (timed on a few): streamed from the files instead, each decoded as a step "
+                "reads it (--data-mode memory to decode them anyway)")
+            mode = "stream"
+        elif listing_s + decode >= budget_s:
+            raise ValueError(f"{path}: listing and decoding {images:,} images into memory would take ~"
+                             f"{listing_s + decode:.0f} s (timed on a few), more than the ~{budget_s:.0f} s the "
+                             "--time-limit leaves; nothing was decoded. Give a longer --time-limit, or --data-mode "
+                             "stream (each image decoded as a step reads it)")
+    if mode == "stream" and listing_s >= budget_s:
+        raise ValueError(f"{path}: listing the headers of {images:,} images would take ~{listing_s:.0f} s (timed on "
+                         f"a few), more than the ~{budget_s:.0f} s the --time-limit leaves; nothing was decoded. Give "
+                         "a longer --time-limit (the listing is cached for the next run)")
+    return mode
 
 
 DATA_MODES = ("auto", "memory", "stream")
@@ -263,7 +312,8 @@ def unlabeled_items(src: _Source, path: str) -> tuple[_Source, list[str], dict[s
 def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                        cache_dir: str | None = None, progress: Callable | None = None,
                        max_side: int = 128, crop: dict[str, Any] | None = None, mode: str = "auto",
-                       say: Callable[[str], None] | None = None, unlabeled: bool = False) -> DataSplits:
+                       say: Callable[[str], None] | None = None, unlabeled: bool = False,
+                       budget_s: float | None = None) -> DataSplits:
     """An ImageFolder tree (or a zip of one) as uint8 images all at one size (``size``, else the most common size,
     scaled down to at most ``max_side`` pixels): decoded into memory (cached under ``cache_dir`` by fingerprint), or
     streamed from the files (``mode``: ``auto`` streams what would not fit in the memory this process may use).
@@ -272,7 +322,7 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     serve prepare it for that model, instead of squashing it to the common size: one preprocessing per model."""
     src, classes, items = folder_items(path, unlabeled)
     splits = load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
-                         progress, max_side, crop, mode, say)
+                         progress, max_side, crop, mode, say, budget_s=budget_s)
     if unlabeled and "train" not in src.dirs:  # (the share held out was not said, nor how to choose another)
         flat = f"every {UNLABELED_VAL}th image set aside to validate (--holdout SHARE: a share of your choosing)"
         splits = dataclasses.replace(splits, how=", ".join(filter(None, [splits.how, flat])))
@@ -283,10 +333,12 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
                 fingerprint: str, skip_bad_images: bool = False, size: tuple[int, int] | None = None,
                 cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
                 crop: dict[str, Any] | None = None, mode: str = "auto",
-                say: Callable[[str], None] | None = None, kind: str = "folder") -> DataSplits:
+                say: Callable[[str], None] | None = None, kind: str = "folder",
+                budget_s: float | None = None) -> DataSplits:
     """The images ``items`` names (split -> [(name, class index)], train first), ``reader`` reads (a folder, a zip,
     WebDataset shards, a Hugging Face dataset): decoded into memory, or streamed, as ``mode`` says or (``auto``) the
-    memory this process may use allows. ``fingerprint`` changes whenever any image does (the caches' key)."""
+    memory this process may use allows, and the ``budget_s`` seconds a --time-limit leaves (mode_within_budget).
+    ``fingerprint`` changes whenever any image does (the caches' key)."""
     if mode not in DATA_MODES:
         raise ValueError(f"data_mode must be one of {DATA_MODES}, got {mode!r}")
     say = say or (lambda s: None)
@@ -296,7 +348,9 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
     key = hashlib.sha256(f"{fingerprint}|{size}|{max_side}|{skip_bad_images}|"
                          f"{json.dumps(crop, sort_keys=True)}".encode()).hexdigest()[:24]
     cache = Path(cache_dir) / f"folder-{key}.safetensors" if cache_dir else None
-    estimate = estimate_decoded(reader, [n for lst in items.values() for n, _ in lst], prep)
+    names = [n for lst in items.values() for n, _ in lst]
+    estimate, listing_s = estimate_decoded(reader, names, prep)
+    auto = mode == "auto"
     if crop is not None and "train_area" in crop:  # a new random crop of every training image each epoch
         if mode == "memory":
             raise ValueError(f"{path}: inception_crop cuts each training photo anew as it is read, so its files are "
@@ -311,6 +365,13 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
         mode = "memory" if ok else "stream"
         say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
                                                    "anyway)"))
+    if budget_s is not None:
+        listed, decoded = listing_cache(fingerprint, skip_bad_images, cache_dir), cache
+        mode = mode_within_budget(
+            path, mode, auto, budget_s, 0.0 if listed is not None and listed.is_file() else listing_s,
+            lambda: 0.0 if decoded is not None and decoded.is_file() else decode_seconds(reader, names, prep,
+                                                                                         *estimate[1:]),
+            estimate[0], say)
     if mode == "memory" and (hit := load_cached(cache, "classes", "skipped")) is not None:  # decoded before
         data = DataSplits(path, hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     else:  # every header read once (cached): the size and channels every image is kept at, in both modes

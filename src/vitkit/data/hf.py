@@ -158,7 +158,8 @@ def class_indices(raw: dict[str, list[Any]], names: list[str] | None, where: str
 
 def load_hf_splits(path: str, skip_bad_images: bool = False, cache_dir: str | None = None,
                    progress: Callable | None = None, max_side: int = 128, crop: dict[str, Any] | None = None,
-                   mode: str = "auto", say: Callable[[str], None] | None = None) -> DataSplits:
+                   mode: str = "auto", say: Callable[[str], None] | None = None,
+                   budget_s: float | None = None) -> DataSplits:
     """A Hugging Face dataset's train and validation (or test) splits: in memory where they fit, else streamed."""
     d = open_dataset(path, cache_dir)
     val = next((s for s in VAL_SPLITS if s in d), None)
@@ -177,4 +178,4 @@ def load_hf_splits(path: str, skip_bad_images: bool = False, cache_dir: str | No
            for x in splits.values()]
     fingerprint = f"hf|{path}|{hashlib.sha256(json.dumps(ids).encode()).hexdigest()}"
     return load_images(path, HFReader(path, splits, image), items, classes, fingerprint, skip_bad_images, None,
-                       cache_dir, progress, max_side, crop, mode, say, "hf")
+                       cache_dir, progress, max_side, crop, mode, say, "hf", budget_s)

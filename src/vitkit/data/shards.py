@@ -172,8 +172,8 @@ def index_shard(shard: Path, root: Path, skip_bad: bool, unlabeled: bool = False
 
 def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str | None = None,
                       progress: Callable | None = None, max_side: int = 128, crop: dict[str, Any] | None = None,
-                      mode: str = "auto", say: Callable[[str], None] | None = None, unlabeled: bool = False
-                      ) -> DataSplits:
+                      mode: str = "auto", say: Callable[[str], None] | None = None, unlabeled: bool = False,
+                      budget_s: float | None = None) -> DataSplits:
     """WebDataset shards in ``path`` as a DataSplits: in memory where they fit, else streamed (folder.load_images);
     ``unlabeled``: their images alone, as the one class "images" (self-supervision reads no label)."""
     root = Path(path)
@@ -207,7 +207,7 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
         raise ValueError(f"{root / name[0]}:{name[3]}: class index {outside[0]} is outside the {len(classes)} "
                          f"classes of {source}")
     data = load_images(f"{path}", TarReader(root), items, classes, fingerprint, skip_bad_images, None, cache_dir,
-                       progress, max_side, crop, mode, say, "shards")
+                       progress, max_side, crop, mode, say, "shards", budget_s)
     data.skipped += len(skipped)
     return data
 

@@ -133,11 +133,16 @@ def header(data: bytes, where: str) -> tuple[tuple[int, int], bool]:
         raise BadImageError(where, f"not an image PIL can read ({type(e).__name__}: {e})") from None
 
 
+def listing_cache(fingerprint: str, skip_bad: bool, cache_dir: str | None) -> Path | None:
+    """Where ``list_images`` keeps the listing of the files ``fingerprint`` names."""
+    key = hashlib.sha256(f"{fingerprint}|{skip_bad}".encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"listing-{key}.json" if cache_dir else None
+
+
 def list_images(reader: Reader, items: dict[str, list[tuple[str, int]]], fingerprint: str, skip_bad: bool,
                 cache_dir: str | None, progress: Callable | None = None) -> Listing:
     """Every image's header, read once and cached under the folder's fingerprint (a changed file reads again)."""
-    key = hashlib.sha256(f"{fingerprint}|{skip_bad}".encode()).hexdigest()[:24]
-    cache = Path(cache_dir) / f"listing-{key}.json" if cache_dir else None
+    cache = listing_cache(fingerprint, skip_bad, cache_dir)
     if cache is not None and cache.is_file():
         try:
             cached = Listing(**json.loads(cache.read_text()))

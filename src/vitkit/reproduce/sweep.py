@@ -86,7 +86,7 @@ def execute(run: Run, out: Path) -> dict[str, Any]:
             f.flush()
 
         try:
-            cfg, plan, data = plan_run(Sources(given, settings.get("model_args", {})), log=say, start_time=t)
+            cfg, plan, data = plan_run(Sources(given, settings.get("model_args", {}), started=t), log=say, start_time=t)
             trainer = Trainer(cfg, data=data, log=say, start_time=t, progress=False, plan_=plan)
             result = trainer.fit()
         except Exception as e:  # noqa: BLE001 - the traceback goes to the run's log, the sweep says what and where

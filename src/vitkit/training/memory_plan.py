@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +47,10 @@ RESERVE = 256 * MiB
 # state are counted once, ``_state_bytes``; the rest is Python's heap). Two workers of a ViT-Ti/8 run took ~190 MiB
 # beside the step, the batches they passed in shared memory (up to 81 MiB) included: ``worker_bytes`` adds those.
 WORKER_BYTES = 64 * MiB
+# What a measuring step grows the process by, per byte PyTorch allocates in it (its fresh copy of the model, the
+# kernels' scratch, the C library's arenas): ViT-S/8 at 384 px, two blocks at batch 4 in bf16 with fused attention,
+# 355 MiB allocated, grew the resident set by 686 MiB, and a 1.5 GiB container was killed measuring it.
+MEASURING = 2.0
 STEADY = 0.15  # the growth per image of two consecutive doublings agrees within this: the activations dominate
 
 
@@ -91,21 +95,37 @@ def step_peak(probe: StepProbe, settings: dict[str, Any], batch: int) -> int:
         step(probe.x[:batch], probe.target[:batch])
         step(probe.x[:batch], probe.target[:batch])
 
-    return peak_bytes(two_steps, probe.device)
+    try:
+        return peak_bytes(two_steps, probe.device)
+    finally:  # what the steps freed goes back to the kernel before the next measurement: kept by the C library, it
+        release_free_memory()  # grew the process ~100 MiB a measurement (ViT-S/8 at 384 px) until the limit killed it
 
 
-def measure_step(probe: StepProbe, settings: dict[str, Any], up_to: int, room: float) -> StepMemory:
-    """The full model's step peak at batch 2, 4, 8, ... until the growth per image is steady, the batch ``up_to``
-    is reached, or the next doubling would not fit in ``room`` bytes. Each is measured on models of one and two
-    blocks and scaled to the model's depth (every block holds the same): no full-size step runs before it is known
-    to fit (a ViT-S/8 at 224 px holds 1.1 GiB at batch 2, and a 1.5 GiB container was killed measuring it)."""
+def measure_step(probe: StepProbe, settings: dict[str, Any], up_to: int, room: float,
+                 room_now: Callable[[], float] | None = None) -> StepMemory:
+    """The full model's step peak at batch 1, 2, 4, ... until the growth per image is steady, the batch ``up_to``
+    is reached, or the next doubling would not fit in ``room`` bytes (``room_now()``: what is left as it measures,
+    where that can be read). Each is measured on models of one and two blocks and scaled to the model's depth
+    (every block holds the same): no full-size step runs before it is known to fit (a ViT-S/8 at 224 px holds 1.1
+    GiB at batch 2, and a 1.5 GiB container was killed measuring it), and no measurement runs that ``MEASURING``
+    says would not fit."""
+    def fits(allocated: float) -> bool:
+        return MEASURING * allocated <= (min(room, room_now()) if room_now else room)
+
     out = StepMemory(settings)
     depth = probe.model.config.depth
     one, two = shallow(probe, 1), shallow(probe, min(2, depth))
-    b = min(2, up_to)
+    b = 1  # (from batch 2, one block of ViT-S/8 at 384 px in fp32 with exact attention grew the process by 1 GiB)
     while True:
         try:
             p1 = step_peak(one, settings, b)
+            if depth > 1 and not fits(2 * p1):  # two blocks hold at most twice what one does: measured
+                # only where that fits (measuring them killed a 1.5 GiB container), else every block counted as
+                # that whole step: an upper bound, for a setting that cannot fit
+                if not out.batches:
+                    out.batches.append(b)
+                    out.peak.append(depth * p1)
+                return out
             p2 = step_peak(two, settings, b) if depth > 1 else p1
         except (MemoryError, RuntimeError) as e:  # the allocator refused (overcommit limits): not a kill
             if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
@@ -119,7 +139,7 @@ def measure_step(probe: StepProbe, settings: dict[str, Any], up_to: int, room: f
         out.peak.append(p1 + (depth - 1) * (p2 - p1))
         steady = len(out.peak) >= 3 and abs(_growth(out, -1) - _growth(out, -2)) <= STEADY * _growth(out, -1)
         nxt = min(2 * b, up_to, len(probe.x))
-        if steady or nxt == b or OVERHEAD * p2 * nxt / b > room:  # (what measuring the next batch would hold)
+        if steady or nxt == b or not fits(p2 * nxt / b):  # (what measuring the next batch would hold)
             return out
         b = nxt
 
@@ -184,37 +204,48 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
     one_worker = worker_bytes(probe, cfg.batch_size) if streamed else 0
     batch = cfg.batch_size
     worst = _extreme(candidates, worst=True)
-    measured = [measure_step(probe, worst, batch, room - fixed - one_worker)]
+
+    def room_now() -> float:  # as the measurements go (what they leave behind counts); a memory given: fixed
+        now = available_memory() if given is None else None
+        return room_for_this_process(now) - RESERVE / 4 if now is not None else math.inf
+
+    measured = [measure_step(probe, worst, batch, room - fixed - one_worker, room_now)]
     release_free_memory()
     if given is None:  # what the measuring itself left behind (oneDNN's caches, the heap it grew) is gone too
         memory = available_memory() or memory
         room = room_for_this_process(memory)
-    budget = (room - fixed - one_worker) / OVERHEAD  # allocator bytes the step may peak at
+    state = _state_bytes(probe.model, cfg)
+
+    def need(m: StepMemory, b: int, copies: int = 1) -> float:
+        return step_need(m, b, state, copies)
+
+    space = room - fixed - one_worker  # what the step may hold
     m = measured[0]
-    if m.at(batch) > budget:  # the setting that takes the most does not fit: the least taking one sets the batch
+    if need(m, batch) > space:  # the setting that takes the most does not fit: the least taking one sets the batch
         best = _extreme(candidates, worst=False)
         if best != worst:
-            m = measure_step(probe, best, batch, room - fixed - one_worker)
+            m = measure_step(probe, best, batch, space, room_now)
             measured.append(m)
     per_eval = measure_eval(probe, m.settings)
     release_free_memory()
-    fits_at = _largest_fitting_batch(m, batch, budget)
+    fits_at = _largest_fitting_batch(lambda b: need(m, b), batch, space)
     if fits_at == 0 and streamed:  # no worker: the training process decodes, and shares no pages with one
         fixed, one_worker = fixed - _state_bytes(probe.model, cfg), 0
-        budget = (room - fixed) / OVERHEAD
-        fits_at = _largest_fitting_batch(m, batch, budget)
+        space = room - fixed
+        fits_at = _largest_fitting_batch(lambda b: need(m, b), batch, space)
     if fits_at == 0:
-        need = OVERHEAD * m.at(1) + fixed + one_worker
         raise ValueError(f"out of memory before the first step: {cfg.init or cfg.model} ({probe.model.num_params:,} "
-                         f"parameters) at {_size(probe)} needs ~{need / MiB:,.0f} MiB to train even one image a "
-                         f"step ({_describe(m)}), and this process may use {memory.describe()}: train a smaller "
-                         "model or --img-size, or give the process more memory")
+                         f"parameters) at {_size(probe)} needs ~{(need(m, 1) + fixed + one_worker) / MiB:,.0f} MiB "
+                         f"to train even one image a step ({_describe(m)}), and this process may use "
+                         f"{memory.describe()}: train a smaller model or --img-size, or give the process more memory")
     accum = cfg.grad_accum * (batch // fits_at)
-    # every candidate fits where the one that takes the most does; else only the measured one that fits is timed
-    fits = candidates if measured[0].at(fits_at) <= budget else [c for c in candidates if _key(c) == m.settings]
-    step = OVERHEAD * m.at(fits_at)
-    persistent = OVERHEAD * m.at(1)  # the model, its gradients and the optimizer's state: held while evaluating
-    eval_batch = max(1, min(cfg.eval_batch_size, int((room - fixed - one_worker - persistent)
+    # every candidate is timed where all their copies fit beside the step that takes the most; else only the
+    # measured one that fits (four copies of ViT-S/16 and their AdamW state took 1.2 GiB while a 1.25 GiB container's
+    # planner timed them, where the run's own step at batch 2 needed under 0.5)
+    together = need(measured[0], fits_at, len(candidates)) <= space
+    fits = candidates if together else [c for c in candidates if _key(c) == m.settings]
+    step = need(m, fits_at)
+    eval_batch = max(1, min(cfg.eval_batch_size, int((room - fixed - one_worker - need(m, 1))  # the state stays
                                                      / max(OVERHEAD * per_eval, 1.0))))
     workers = None
     if streamed and one_worker == 0:
@@ -224,7 +255,7 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
         while workers == 0 and eval_batch > fits_at:  # a smaller evaluation batch before no worker at all
             eval_batch = max(fits_at, eval_batch // 2)
             workers = max(0, int((room - fixed - step) // worker_bytes(probe, eval_batch)))
-    note = (f"memory: {memory.describe()}; the step needs ~{OVERHEAD * m.at(batch) / MiB:,.0f} MiB at batch {batch} "
+    note = (f"memory: {memory.describe()}; the step needs ~{need(m, batch) / MiB:,.0f} MiB at batch {batch} "
             f"({_describe(m)}), {(fixed + one_worker) / MiB:,.0f} MiB more for Python"
             + (", the EMA" if cfg.model_ema else "") + (", a DataLoader worker" if one_worker else "") + ": ")
     if fits_at == batch:
@@ -234,8 +265,9 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
                  f"unchanged)")
     dropped = [c for c in candidates if c not in fits]
     if dropped:
-        note += "; not timed, too large at that batch: " + ", ".join(
-            f"{c['precision']} {c['attention']}" for c in dropped)
+        why = ("too large at that batch" if need(measured[0], fits_at) > space else
+               f"{len(candidates)} copies of the model and its optimizer state, timed side by side, would not fit")
+        note += f"; not timed, {why}: " + ", ".join(f"{c['precision']} {c['attention']}" for c in dropped)
     if eval_batch < cfg.eval_batch_size:
         note += f"; evaluation batch {cfg.eval_batch_size} -> {eval_batch}"
     if workers == 0:
@@ -243,6 +275,15 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
     elif workers is not None and workers < 2 * usable_cores():  # (beyond that, the cores cap them: plan.py)
         note += f"; room for {workers} DataLoader worker{'s' if workers != 1 else ''}"
     return MemoryDecision(fits_at, accum, eval_batch, workers, fits or candidates[:1], note, measured)
+
+
+def step_need(m: StepMemory, batch: int, state: int, copies: int = 1) -> float:
+    """Bytes a step at ``batch`` holds, ``copies`` models with their optimizer states (``state`` bytes each) built
+    side by side, as the planner times its candidates round-robin: the states as they are (large tensors, allocated
+    once), the rest of the measured peak (activations, gradients, the kernels' buffers) x ``OVERHEAD``. With all of
+    it x OVERHEAD, ViT-S/16 at 224 px was refused in a 1.25 GiB container at one image a step, and trained in it at
+    two."""
+    return copies * state + OVERHEAD * max(0, m.at(batch) - state)
 
 
 def worker_bytes(probe: StepProbe, batch: int) -> int:
@@ -278,10 +319,11 @@ def check_weights_fit(cfg: TrainConfig, config: ViTConfig, memory: Memory | None
                          f"{memory.describe()}: train a smaller model, or give the process more memory")
 
 
-def _largest_fitting_batch(m: StepMemory, batch: int, budget: float) -> int:
-    """The largest divisor of ``batch`` (so that micro-batches add up to it) whose step fits; 0 if none."""
+def _largest_fitting_batch(need: Callable[[int], float], batch: int, space: float) -> int:
+    """The largest divisor of ``batch`` (so that micro-batches add up to it) whose step's ``need`` fits in
+    ``space``; 0 if none."""
     for b in sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True):
-        if m.at(b) <= budget:
+        if need(b) <= space:
             return b
     return 0
 

@@ -11,6 +11,7 @@ from ..data.datasets import FILE_DATASETS, DataSplits, default_cache_dir, load_d
 from ..interop.pretrained import init_image_size, init_preprocessing
 from ..model.config import to_2tuple
 from ..model.registry import get_config
+from .budget import budget_left
 from .build import init_crop, run_crop
 from .checkpoint import recover_run
 from .config import (NAFLEX_REFUSES, TIER_BOUNDS, TrainConfig, lay_over, list_recipes, read_recipe, read_yaml,
@@ -25,6 +26,7 @@ class Sources:
     given: dict[str, Any] = field(default_factory=dict)
     model_args: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
+    started: float | None = None  # when the process began (time.time()): a --time-limit counts from there
 
 
 def resolve(src: Sources, say: Callable[[str], None] = print,
@@ -89,7 +91,9 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                                 probe.get("cache_dir") or default_cache_dir(), progress=progress,
                                 max_side=merged.get("folder_max_side", 128), crop=run_crop(probe),
                                 mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say,
-                                unlabeled=probe.get("objective", "classify") != "classify")
+                                unlabeled=probe.get("objective", "classify") != "classify",
+                                budget_s=budget_left(probe["time_limit"], src.started)
+                                if probe.get("time_limit") and src.started else None)
             name = recipe or ("finetune" if finetune else choose_recipe(data))
             say(f"recipe{'' if recipe else ' for this folder'}: configs/{name}.yaml ({data.describe()})")
         else:
