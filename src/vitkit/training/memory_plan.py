@@ -207,7 +207,7 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
 
     def room_now() -> float:  # as the measurements go (what they leave behind counts); a memory given: fixed
         now = available_memory() if given is None else None
-        return room_for_this_process(now) - RESERVE / 4 if now is not None else math.inf
+        return room_for_this_process(now) - RESERVE if now is not None else math.inf
 
     measured = [measure_step(probe, worst, batch, room - fixed - one_worker, room_now)]
     release_free_memory()
