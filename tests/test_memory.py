@@ -270,8 +270,8 @@ def test_under_a_real_container_limit_a_model_that_cannot_fit_is_refused_before_
     the model is built. (ViT-S/8 at 224 px, refused here after measuring its step until the model and optimizer
     state stopped counting x1.4, now trains two images a step in 1.5 GiB, peaking at 1.34 GiB. At 384 px it is
     refused in one line when run alone or after one other test, 10 of 10 times, but was killed (-9) while
-    planning when run after the rest of this file, 2 of 2: not understood, so not asserted here; the refusal after measuring is tested with a given
-    memory in test_a_model_that_cannot_train_one_image_is_refused_with_the_numbers.)"""
+    planning when run after the rest of this file, 2 of 2: not understood, so not asserted here; the refusal after
+    measuring is tested with a given memory in test_a_model_that_cannot_train_one_image_is_refused_with_the_numbers.)"""
     root = write_digits_folder(tmp_path / "d", per_class=4, size=32, mode="RGB")
     r, peak = cgroup_of(int(1.5 * GIB), ["train", "--dataset", "folder", "--data-dir", str(root), "--cache-dir",
                                          str(tmp_path / "cache"), "--device", "cpu", "--epochs", "1", "--img-size",
