@@ -366,12 +366,12 @@ def load_images(path: str, reader: Reader, items: dict[str, list[tuple[str, int]
         say(f"{what}: " + ("in memory" if ok else "streamed from the files (--data-mode memory to decode it "
                                                    "anyway)"))
     if budget_s is not None:
-        listed, decoded = listing_cache(fingerprint, skip_bad_images, cache_dir), cache
-        mode = mode_within_budget(
-            path, mode, auto, budget_s, 0.0 if listed is not None and listed.is_file() else listing_s,
-            lambda: 0.0 if decoded is not None and decoded.is_file() else decode_seconds(reader, names, prep,
-                                                                                         *estimate[1:]),
-            estimate[0], say)
+        listing = listing_cache(fingerprint, skip_bad_images, cache_dir)
+        listed = listing is not None and listing.is_file()
+        decoded = cache is not None and cache.is_file()
+        mode = mode_within_budget(path, mode, auto, budget_s, 0.0 if listed else listing_s,
+                                  lambda: 0.0 if decoded else decode_seconds(reader, names, prep, *estimate[1:]),
+                                  estimate[0], say)
     if mode == "memory" and (hit := load_cached(cache, "classes", "skipped")) is not None:  # decoded before
         data = DataSplits(path, hit[0], hit[1], hit[2]["classes"], hit[2]["skipped"])
     else:  # every header read once (cached): the size and channels every image is kept at, in both modes

@@ -199,8 +199,8 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
     if memory is None or probe.device.type != "cpu":
         return None
     room = room_for_this_process(memory)
-    fixed = RESERVE + (_param_bytes(probe.model) if cfg.model_ema else 0) \
-        + (_state_bytes(probe.model, cfg) if streamed else 0)
+    state = _state_bytes(probe.model, cfg)  # the model and its optimizer state
+    fixed = RESERVE + (_param_bytes(probe.model) if cfg.model_ema else 0) + (state if streamed else 0)
     one_worker = worker_bytes(probe, cfg.batch_size) if streamed else 0
     batch = cfg.batch_size
     worst = _extreme(candidates, worst=True)
@@ -214,7 +214,6 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
     if given is None:  # what the measuring itself left behind (oneDNN's caches, the heap it grew) is gone too
         memory = available_memory() or memory
         room = room_for_this_process(memory)
-    state = _state_bytes(probe.model, cfg)
 
     def need(m: StepMemory, b: int, copies: int = 1) -> float:
         return step_need(m, b, state, copies)
@@ -230,7 +229,7 @@ def decide_memory(cfg: TrainConfig, probe: StepProbe, candidates: list[dict[str,
     release_free_memory()
     fits_at = _largest_fitting_batch(lambda b: need(m, b), batch, space)
     if fits_at == 0 and streamed:  # no worker: the training process decodes, and shares no pages with one
-        fixed, one_worker = fixed - _state_bytes(probe.model, cfg), 0
+        fixed, one_worker = fixed - state, 0
         space = room - fixed
         fits_at = _largest_fitting_batch(lambda b: need(m, b), batch, space)
     if fits_at == 0:
