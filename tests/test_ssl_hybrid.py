@@ -1,6 +1,6 @@
-"""Masked pre-training of the recipes' hybrids (issue 66, item 1): the CNN stem runs masked at every layer, so
-nothing of a hidden patch's pixels reaches the encoder, and its batch norm is torch's own over the visible
-positions. References: torch's BatchNorm2d on the visible positions gathered alone, the stem's unmasked forward on
+"""Masked pre-training of the recipes' hybrids (issue 66, item 1): MAE runs the CNN stem on each visible cell alone
+and MPP on the whole image masked at every layer, so nothing of a hidden patch's pixels reaches the encoder, and
+the masked stem's batch norm is torch's own over the visible positions. References: torch's BatchNorm2d on the visible positions gathered alone, the stem's unmasked forward on
 an all-visible mask, and the leak a plain stem has (shown, so the no-leak checks can fail)."""
 from __future__ import annotations
 
@@ -93,6 +93,34 @@ def test_all_visible_the_masked_stem_is_the_stem():
     assert torch.allclose(masked, stem(x), atol=1e-5)
 
 
+@pytest.mark.parametrize("stem,patch", [(CIFAR_STEM, 1), ("conv:8,R16,M", 2)])
+def test_mae_runs_each_visible_cell_through_the_stem_alone_as_the_masked_stem_sees_a_cell_with_hidden_neighbours(
+        stem, patch):
+    """MAE's encoder input (``visible_cells``, a quarter of the pixels) against the whole image through the stem
+    masked at every layer: where every neighbour of a visible cell is hidden the two are one computation (zeros
+    around the cell), in eval mode (running batch-norm statistics) and in training (statistics over the visible
+    positions, which are the same positions); where two visible cells touch, the masked stem lets them see each
+    other and the cells do not (so the test can fail)."""
+    enc = _hybrid(stem, 32, patch)
+    pe = enc.patch_embed
+    gh, gw = pe.grid_size
+    rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    isolated = ((rows % 2 == 0) & (cols % 2 == 0)).flatten()  # no two of them side by side or corner to corner
+    x = torch.randn(3, 3, 32, 32)
+    keep = isolated.nonzero()[:, 0].expand(3, -1)  # (B, K)
+    for mode in (False, True):
+        enc.train(mode)
+        whole = pe.masked(x, isolated.expand(3, -1), (gh, gw))[:, isolated]
+        assert torch.allclose(pe.visible_cells(x, keep, (gh, gw)), whole, atol=1e-4), mode
+    enc.eval()
+    touching = keep.clone()
+    touching[:, 1] = 1  # cell 1 touches cell 0
+    both = torch.zeros(3, gh * gw, dtype=torch.bool).scatter_(1, touching, True)
+    whole = pe.masked(x, both, (gh, gw))
+    cells = pe.visible_cells(x, touching, (gh, gw))
+    assert (cells[:, 0] - whole[:, 0]).abs().max() > 1e-3
+
+
 def test_stems_without_a_masked_form_are_refused_by_name():
     enc = VisionTransformer(ViTConfig(img_size=32, patch_size=1, embed_dim=32, depth=1, num_heads=2,
                                       hybrid="resnet18:1", num_classes=0))
@@ -109,7 +137,7 @@ def test_pretrain_keeps_the_recipes_hybrid_and_train_init_fine_tunes_it(tmp_path
     assert main(["pretrain", "--method", "mae", "--dataset", "folder", "--data-dir", str(data), "--epochs", "1",
                  "--depth", "1", "--output", str(out), "--cache-dir", str(tmp_path / "c")]) == 0
     said = capsys.readouterr().out
-    assert f"its CNN stem {CIFAR_STEM} masked at every layer" in said
+    assert f"its CNN stem {CIFAR_STEM} run on each visible cell alone" in said
     enc = vitkit.load(str(out / "best"))
     assert enc.config.hybrid == CIFAR_STEM and enc.config.patch_size == 1 and enc.patch_embed.num_patches == 64
     assert json.loads((out / "best" / "ssl.json").read_text())["method"] == "mae"

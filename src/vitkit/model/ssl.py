@@ -309,8 +309,8 @@ class MaskedAutoencoder(nn.Module):
         if noise is None:
             noise = self.noise(x, generator)
         keep, mask, restore = random_order(noise, int(n * (1 - self.mask_ratio)))
-        tokens = enc.patch_embed.masked(x, ~mask, grid)  # (B, N, D)
-        z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid, keep)))  # the visible patches and the prefix
+        tokens = enc.patch_embed.visible_cells(x, keep, grid)  # (B, K, D): the visible patches' x_p E alone
+        z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid, keep, kept=True)))  # the visible patches, the prefix
         pred = self.decode(z, restore)
         target = patchify(x, enc.patch_embed.cell).float()
         if self.norm_pix_loss:

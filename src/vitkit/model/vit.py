@@ -270,6 +270,23 @@ class PatchEmbed(nn.Module):
             return self(x)
         return self.tokens(masked_features(self.backbone, x, visible, grid, self.cell))
 
+    def visible_cells(self, x: torch.Tensor, keep: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """x_p E of the ``keep`` (B, K) patches alone, (B, K, D), in that order (MAE's encoder input). A hybrid's
+        CNN runs on each kept cell cut out of the image by itself, zero-padded at its borders: a quarter of the
+        pixels at MAE's 75% masking, and none of a hidden cell's (model/masked_stem.py: why this, not the whole
+        image with every layer masked)."""
+        if not hasattr(self, "backbone"):
+            tokens = self(x)
+            return torch.gather(tokens, 1, keep[..., None].expand(-1, -1, tokens.shape[-1]))
+        (ph, pw), (gh, gw) = self.cell, grid
+        b, c, k = x.shape[0], x.shape[1], keep.shape[1]
+        cells = x.reshape(b, c, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c, ph, pw)
+        cells = torch.gather(cells, 1, keep[:, :, None, None, None].expand(-1, -1, c, ph, pw))  # (B, K, C, ph, pw)
+        cells = cells.reshape(b * k, c, ph, pw)
+        if x.device.type == "cpu":  # oneDNN's convolutions run faster on channels-last activations (as forward)
+            cells = cells.contiguous(memory_format=torch.channels_last)
+        return self.tokens(self.backbone(cells)).reshape(b, k, -1)  # each cell one token of a 1x1 grid
+
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """A feature map (the image, or a hybrid's CNN map) (B, C, H, W) -> x_p E (B, N, D)."""
         b, c, h, w = x.shape
@@ -393,18 +410,26 @@ class VisionTransformer(Backbone, nn.Module):
         grid = self._check_input(x)
         return self.embed_patches(self.patch_embed(x), grid)
 
-    def embed_patches(self, x: torch.Tensor, grid: tuple[int, int], keep: torch.Tensor | None = None
-                      ) -> torch.Tensor:
+    def embed_patches(self, x: torch.Tensor, grid: tuple[int, int], keep: torch.Tensor | None = None,
+                      kept: bool = False) -> torch.Tensor:
         """Eq. 1 from the patch embeddings x_p E (B, N, D) of a ``grid``: each patch's E_pos added, then with
         ``keep`` (B, K) only those patches, in that order (MAE's encoder sees the visible quarter), and the prefix
         tokens with their own rows of E_pos before them. Self-supervision changes the patch embeddings here (the
-        paper's [mask] embedding, §4.6) before the sequence is made."""
+        paper's [mask] embedding, §4.6) before the sequence is made. ``kept``: ``x`` is already those patches'
+        embeddings (B, K, D) (``PatchEmbed.visible_cells``), and only their rows of E_pos are taken."""
         pos = self._pos_embed_for(grid)
         n = 0 if self.config.no_embed_class else self.config.pos_prefix_tokens  # E_pos rows of the prefix tokens
-        if pos is not None:
-            x = x + pos[:, n:]
-        if keep is not None:
-            x = torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, D)
+        if kept:
+            if keep is None or keep.shape[:2] != x.shape[:2]:
+                raise ValueError(f"embed_patches(kept=True): {tuple(x.shape)} embeddings need keep of (B, K) = "
+                                 f"{tuple(x.shape[:2])}, got {None if keep is None else tuple(keep.shape)}")
+            if pos is not None:
+                x = x + torch.gather(pos[:, n:].expand(len(x), -1, -1), 1, keep[..., None].expand(-1, -1, x.shape[-1]))
+        else:
+            if pos is not None:
+                x = x + pos[:, n:]
+            if keep is not None:
+                x = torch.gather(x, 1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, D)
         prefix = [t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()]
         if prefix and pos is not None and n:
             prefix = list(torch.cat(prefix, 1).add(pos[:, :n]).split([t.shape[1] for t in prefix], 1))

@@ -220,8 +220,9 @@ def _for_pretraining(merged: dict[str, Any], objective: str, users_args: dict[st
     said = []
     stem = args.get("hybrid") if "hybrid" not in users_args else None
     if stem and stem.startswith("conv:"):  # the recipe's own model, pre-trained: its stem runs masked, layer by layer
-        said.append(f"configs/{recipe}.yaml's hybrid, its CNN stem {stem} masked at every layer (the hidden patches' "
-                    "pixels reach nothing)")
+        how = "run on each visible cell alone" if objective == "mae" else "masked at every layer"
+        said.append(f"configs/{recipe}.yaml's hybrid, its CNN stem {stem} {how} (the hidden patches' pixels reach "
+                    "nothing)")
     elif stem:
         said.append(f"without configs/{recipe}.yaml's CNN stem ({args.pop('hybrid')}: masked pre-training knows the "
                     "conv: stems' layers, not this one's)")
