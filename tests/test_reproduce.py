@@ -130,7 +130,7 @@ def test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_defaul
         assert "--init" not in default and "--lr" not in default and "--model" not in default
         assert "--hybrid" not in rows[f"hybrid-pretrain-mae-seed{seed}"]["command"]  # the recipe's own model
     log = (out / "runs" / "hybrid-pretrain-mae-seed0" / "train.log").read_text()
-    assert "its CNN stem conv:64,64,M,128,128,M masked at every layer" in log
+    assert "its CNN stem conv:64,64,M,128,128,M run on each visible cell alone" in log
     assert "fine-tuned as MAE's are" in (out / "runs" / "hybrid-mae-10pct-seed1" / "train.log").read_text()
     assert vitkit.load(str(out / "runs" / "hybrid-mae-10pct-seed0" / "best")).config.hybrid == "conv:64,64,M,128,128,M"
     text = (out / "summary.md").read_text()

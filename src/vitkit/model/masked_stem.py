@@ -14,13 +14,24 @@ visible token's features, computed on the whole image, hold its hidden neighbour
 - A stem applied to each patch alone is the third road; a 4x4-pixel cell padded on its own is not the input the
   stem sees when fine-tuning, where it spans the cells.
 
-vitkit takes ConvMAE's and SparK's: the hidden cells' pixels are set to zero (the dataset's mean colour, in the
-standardised space), every convolution reads hidden positions as zero and leaves zero there, batch norm takes its
-statistics (and updates its running ones) from the visible positions only, and MAE's encoder gets the visible
-tokens alone (MPP: the hidden ones' [mask] embedding). The hidden pixels reach nothing: the input is zero there
-before any layer runs; the masking after each layer keeps the visible features those of the visible pixels alone, as
-a fine-tuned stem computes them on a whole image up to the cell borders. Pooling is cell-aligned (2x2 max-pooling
-halves a cell of ``patch x stride`` pixels), so a pooled position is wholly visible or wholly hidden.
+vitkit takes two of them, by objective:
+
+- MAE's encoder reads the visible tokens alone, so its stem runs on **each visible cell alone**, cut out of the image
+  and zero-padded (``PatchEmbed.visible_cells``; the third road): a quarter of the pixels at 75% masking. For a
+  cell whose neighbours are all hidden this is exactly ConvMAE's and SparK's masked stem below (zeros around it, the
+  same positions in batch norm: tests/test_ssl_hybrid.py); where two visible cells touch, theirs lets them see each
+  other and this does not. The stem is most of the CIFAR-10 recipe's compute (~96 of ~150 MMAC an image), so the
+  masked whole image made MAE's step only 1.09x the supervised one; each cell alone makes it 1.94x eager and 2.43x
+  compiled (AMD EPYC with AVX512-BF16, batch 128, bf16: ``python benchmarks/pretrain_speed.py --model hybrid``), and
+  a pre-training budget buys twice the epochs.
+- MPP's encoder reads every token (the corrupted ones as [mask]), and 10% of the corrupted keep their pixels: it
+  takes ConvMAE's and SparK's masked stem on the whole image, ``masked_features``: the hidden cells' pixels are set to
+  zero (the dataset's mean colour, in the standardised space), every convolution reads hidden positions as zero and
+  leaves zero there, batch norm takes its statistics (and updates its running ones) from the visible positions only.
+  The hidden pixels reach nothing: the input is zero there before any layer runs; the masking after each layer keeps
+  the visible features those of the visible pixels alone, as a fine-tuned stem computes them on a whole image up to
+  the cell borders. Pooling is cell-aligned (2x2 max-pooling halves a cell of ``patch x stride`` pixels), so a
+  pooled position is wholly visible or wholly hidden.
 """
 from __future__ import annotations
 
