@@ -242,6 +242,44 @@ def test_time_budget_measures_from_step_5_plans_at_15_and_guesses_the_evaluation
     assert budget.sec_per_step == pytest.approx(0.1) and budget.eval_guess == pytest.approx(1.0)  # and so is eval
 
 
+def test_time_limit_spaces_evaluations_that_would_take_more_than_a_twentieth_of_the_training():
+    """By hand: 39 steps of 0.44 s an epoch (17.16 s), an evaluation of 10 s: every 3rd epoch would add 19% to the
+    training time; 5% of it allows one per ceil(10 / (0.05 x 17.16)) = 12 epochs. A cheap evaluation keeps the
+    recipe's gap."""
+    budget = TimeBudget(30.0, 39, 3, planned_steps=100 * 39, planned_warmup=39, images_per_step=128,
+                        val_images=10_000)
+    assert budget.spaced_eval_every(3) == 3  # nothing measured yet
+    budget.sec_per_step, budget.eval_s, budget.eval_pace = 0.44, 10.0, 0.44
+    assert budget.spaced_eval_every(3) == 12
+    budget.eval_s = 0.5  # 0.5 / (0.05 x 17.16) = 0.58: the recipe's every 3rd stays
+    assert budget.spaced_eval_every(3) == 3
+
+
+def test_a_time_limited_run_evaluates_less_often_when_evaluating_is_dear_and_says_so(tmp_path, monkeypatch):
+    import vitkit.training.plan as plan_module
+    import vitkit.training.trainer as trainer_module
+    # digits at batch 64: 22 steps of 0.1 s an epoch (2.2 s); an evaluation of 1 s is 45% of an epoch, so 5% of the
+    # training allows one per ceil(1 / (0.05 x 2.2)) = 10 epochs
+    clock = _Clock(step_s=0.1, eval_s=1.0)
+    monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(plan_module, "time", clock)
+    said: list[str] = []
+    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, eval_every=1, output=str(tmp_path)), log=said.append,
+                progress=False)
+    clock.install(monkeypatch, t)
+    r = t.fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [row["epoch"] for row in rows if "val_top1" in row]
+    assert evaluated[0] == 1 and evaluated[-1] == r.epochs  # the first (it measures) and the last
+    gaps = [b - a for a, b in zip(evaluated, evaluated[1:-1])]
+    # (the first evaluation, which compiles and warms up, counts as the guess of it: 360 images at 3x the training
+    # pace, 0.19 s, so the second comes 2 epochs later and is the first one timed)
+    assert t.steps_per_epoch == 22 and gaps[0] == 2 and gaps[1:] and all(g == 10 for g in gaps[1:]), evaluated
+    assert any("evaluating every 10 epochs from here" in line and "the last epoch is always evaluated" in line
+               for line in said)
+    assert r.epochs >= 22  # 57.4 usable seconds: ~24 epochs of 2.2 s; evaluated every epoch, 3.2 s each: ~18
+
+
 def test_eval_every_skips_evaluations_but_always_evaluates_the_last_epoch(tmp_path):
     r = Trainer(_cfg(epochs=5, eval_every=2, output=str(tmp_path)), log=_quiet, progress=False).fit()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -18,6 +18,10 @@ PROBE_STEP = 15  # the first plan is made at this step of the first epoch (from 
 WARM_STEPS = 5  # the steps a (re)started process takes before its pace is measured: compiling, allocator warm-up
 REPLAN_SHARE = 0.02  # re-plan every this share of the budget ...
 REPLAN_MIN_S = 1.0  # ... but not more often than every second
+# evaluations take at most about this share of the time training takes: the recipes' eval_every is set for their
+# whole training sets, and a small labelled share (CIFAR-10's 10%: 5,000 images an epoch, 10,000 evaluated, ~10 s)
+# spent a fifth of its budget evaluating every 3rd epoch
+EVAL_SHARE = 0.05
 
 
 def usable_seconds(minutes: float) -> float:
@@ -90,6 +94,14 @@ class TimeBudget:
         if self.eval_s is None or not self.eval_pace:
             return self.val_images / (3 * self.images_per_step / self.sec_per_step)
         return self.eval_s * self.sec_per_step / self.eval_pace
+
+    def spaced_eval_every(self, asked: int) -> int:
+        """Epochs between evaluations: ``asked`` (the recipe's or --eval-every), or more where evaluating that often
+        would take more than ``EVAL_SHARE`` of the training time (the last evaluation's seconds, at today's pace)."""
+        if self.eval_s is None or self.sec_per_step is None:
+            return asked
+        epoch_s = self.sec_per_step * self.steps_per_epoch
+        return max(asked, math.ceil(self.eval_guess / (EVAL_SHARE * epoch_s) - 1e-9))
 
     def plan(self, step: int, elapsed: float, sec_per_step: float, eval_s: float) -> tuple[int, int]:
         """(total steps, warmup steps) that end the schedule at the budget, seen from ``step`` at ``elapsed``.

@@ -28,7 +28,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
 from ..runtime.precision import autocast_for, matmul_precision
-from .budget import TimeBudget
+from .budget import EVAL_SHARE, TimeBudget
 from .build import augment_for, build_data, build_model, for_run, model_for_training, preprocessing_for, resident
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
@@ -117,6 +117,9 @@ class Trainer:
         # would wait for the queued work at each read
         self.read_every = 1 if self.device.type == "cpu" else READ_LOSS_EVERY
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -math.inf, 0.0
+        # epochs between evaluations, and the epoch of the last one: under a time limit the gap may grow
+        # (``_space_evaluations``)
+        self.eval_every, self.evaluated_at = cfg.eval_every, 0
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
         self.out = Path(cfg.output) if cfg.output else None
@@ -178,6 +181,7 @@ class Trainer:
             self.log(f"--precision fp16: the run was saved without a loss scale (not in fp16); it starts at "
                      f"{self.scaler.get_scale():g}")
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
+        self.evaluated_at = self.epoch - self.epoch % self.cfg.eval_every
         self._set_rng_state(s)
         self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
@@ -253,6 +257,19 @@ class Trainer:
                                                        self.device)
             self.total_steps, self.warmup_steps = max(total, self.step), warmup
             self.budget.next_check = next_check
+
+    def _space_evaluations(self) -> None:
+        """Under a time limit, evaluate less often where evaluating every ``eval_every`` epochs would take more than
+        ``EVAL_SHARE`` of the training time (rank 0's choice on every rank: they evaluate together), and say so once."""
+        every = broadcast_ints([self.budget.spaced_eval_every(self.cfg.eval_every)], self.device)[0]
+        if every > self.eval_every and self.is_main:
+            n, epoch_s = len(self.data.val), self.budget.sec_per_step * self.steps_per_epoch
+            share = self.budget.eval_guess / (epoch_s * self.cfg.eval_every)
+            self.log(f"evaluating every {every} epochs from here: an evaluation of {n:,} images takes "
+                     f"~{self.budget.eval_guess:.1f} s, {self.budget.eval_guess / epoch_s:.2f} of an epoch's "
+                     f"training, and every {self.cfg.eval_every} would add {share:.0%} to the training time (at most "
+                     f"{EVAL_SHARE:.0%}; the last epoch is always evaluated)")
+        self.eval_every = self.budget.eval_every = every
 
     def _diverged(self, loss: float) -> None:
         rng_ranks = gather_objects(self._rng_state()) if self.out else None
@@ -344,15 +361,18 @@ class Trainer:
 
     def _eval_due(self) -> bool:
         """Evaluate every ``eval_every`` epochs, and always after the last one (or when stopping)."""
-        return self.epoch % self.cfg.eval_every == 0 or self.step >= self.total_steps or self.stop_requested
+        return (self.epoch - self.evaluated_at >= self.eval_every or self.step >= self.total_steps
+                or self.stop_requested)
 
     def _evaluate_and_keep_best(self) -> dict[str, Any]:
         """Evaluate (timed, for the time-limit plan) and save ``best/`` when top-1 improved."""
         t = time.time()
         release_free_memory()  # the training step's freed heap goes back first: see runtime/memory.py
         metrics = self.evaluate()
+        self.evaluated_at = self.epoch
         if self.budget:
             self.budget.evaluated(time.time() - t)
+            self._space_evaluations()
         self.last_top1 = self.objective.score(metrics)  # top-1 for classify; the objective's own score else
         if self.last_top1 > self.best_top1:
             self.best_top1 = self.last_top1
