@@ -12,7 +12,7 @@ visible token's features, computed on the whole image, hold its hidden neighbour
   the hidden zeros are not data, and statistics over 75% zeros are not the statistics of a whole image, which is
   what the fine-tuned stem (and a probe, with the running statistics) then reads.
 - A stem applied to each patch alone is the third road; a 4x4-pixel cell padded on its own is not the input the
-  stem sees when fine-tuning, where it spans the cells.
+  stem sees when fine-tuning, where it spans the cells (nor are ConvMAE's zeros around a visible cell).
 
 vitkit takes two of them, by objective:
 
@@ -20,10 +20,10 @@ vitkit takes two of them, by objective:
   and zero-padded (``PatchEmbed.visible_cells``; the third road): a quarter of the pixels at 75% masking. For a
   cell whose neighbours are all hidden this is exactly ConvMAE's and SparK's masked stem below (zeros around it, the
   same positions in batch norm: tests/test_ssl_hybrid.py); where two visible cells touch, theirs lets them see each
-  other and this does not. The stem is most of the CIFAR-10 recipe's compute (~96 of ~150 MMAC an image), so the
+  other and this does not. The stem is most of the CIFAR-10 recipe's compute (~96 of ~153 MMAC an image), so the
   masked whole image made MAE's step only 1.09x the supervised one; each cell alone makes it 1.94x eager and 2.43x
   compiled (AMD EPYC with AVX512-BF16, batch 128, bf16: ``python benchmarks/pretrain_speed.py --model hybrid``), and
-  a pre-training budget buys twice the epochs.
+  12 minutes of pre-training buy 11 epochs where they bought 5 (results/self-supervision-hybrid.csv).
 - MPP's encoder reads every token (the corrupted ones as [mask]), and 10% of the corrupted keep their pixels: it
   takes ConvMAE's and SparK's masked stem on the whole image, ``masked_features``: the hidden cells' pixels are set to
   zero (the dataset's mean colour, in the standardised space), every convolution reads hidden positions as zero and
