@@ -117,9 +117,7 @@ class Trainer:
         # would wait for the queued work at each read
         self.read_every = 1 if self.device.type == "cpu" else READ_LOSS_EVERY
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -math.inf, 0.0
-        # epochs between evaluations, and the epoch of the last one: under a time limit the gap may grow
-        # (``_space_evaluations``)
-        self.eval_every, self.evaluated_at = cfg.eval_every, 0
+        self.evaluated_at = 0  # the epoch of the last evaluation
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
         self.out = Path(cfg.output) if cfg.output else None
@@ -260,16 +258,17 @@ class Trainer:
 
     def _space_evaluations(self) -> None:
         """Under a time limit, evaluate less often where evaluating every ``eval_every`` epochs would take more than
-        ``EVAL_SHARE`` of the training time (rank 0's choice on every rank: they evaluate together), and say so once."""
+        ``EVAL_SHARE`` of the training time (rank 0's choice on every rank: they evaluate together); a line says
+        when the gap grows."""
         every = broadcast_ints([self.budget.spaced_eval_every(self.cfg.eval_every)], self.device)[0]
-        if every > self.eval_every and self.is_main:
+        if every > self.budget.eval_every and self.is_main:
             n, epoch_s = len(self.data.val), self.budget.sec_per_step * self.steps_per_epoch
             share = self.budget.eval_guess / (epoch_s * self.cfg.eval_every)
             self.log(f"evaluating every {every} epochs from here: an evaluation of {n:,} images takes "
                      f"~{self.budget.eval_guess:.1f} s, {self.budget.eval_guess / epoch_s:.2f} of an epoch's "
                      f"training, and every {self.cfg.eval_every} would add {share:.0%} to the training time (at most "
                      f"{EVAL_SHARE:.0%}; the last epoch is always evaluated)")
-        self.eval_every = self.budget.eval_every = every
+        self.budget.eval_every = every
 
     def _diverged(self, loss: float) -> None:
         rng_ranks = gather_objects(self._rng_state()) if self.out else None
@@ -360,9 +359,10 @@ class Trainer:
             self._set_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
 
     def _eval_due(self) -> bool:
-        """Evaluate every ``eval_every`` epochs, and always after the last one (or when stopping)."""
-        return (self.epoch - self.evaluated_at >= self.eval_every or self.step >= self.total_steps
-                or self.stop_requested)
+        """Evaluate every ``eval_every`` epochs (under a time limit the budget's, which may grow), and always after
+        the last one (or when stopping)."""
+        every = self.budget.eval_every if self.budget else self.cfg.eval_every
+        return self.epoch - self.evaluated_at >= every or self.step >= self.total_steps or self.stop_requested
 
     def _evaluate_and_keep_best(self) -> dict[str, Any]:
         """Evaluate (timed, for the time-limit plan) and save ``best/`` when top-1 improved."""
