@@ -105,7 +105,9 @@ def test_self_supervision_quick_pretrains_without_labels_and_fine_tunes_from_it(
     for r in rows.values():
         assert 0 <= float(r["test_top1"]) <= 100 and r["command"].startswith("vitkit train")
         assert "--train-fraction" in r["command"] and "--grad-accum 1 --crop-padding" in r["command"]
-    assert f"--init {out / 'runs' / 'pretrain-mae' / 'last'} --layer-decay 0.75" in rows["mae-10pct-seed1"]["command"]
+    tuned = rows["mae-10pct-seed1"]["command"]  # the plain ViT's pair: fine-tuned as its scratch run trains, unmixed
+    assert f"--init {out / 'runs' / 'pretrain-mae' / 'last'} --layer-decay 0.75 --mixup 0 --cutmix 0" in tuned
+    assert "--drop-path 0.0" in tuned
     assert "--init" not in rows["scratch-10pct-seed1"]["command"]
     text = (out / "summary.md").read_text()
     assert "per comparison" in text and "10% of the labels: from scratch" in text
@@ -117,11 +119,15 @@ def test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_defaul
     the seed and the time; each seed pre-trains its own encoder (the recipe's hybrid), fine-tuned by --init alone."""
     out = tmp_path / "ss"
     assert main(["reproduce", "self-supervision", "--quick", "--data-dir", str(cifar_like), "--out", str(out),
-                 "--runs", "hybrid-pretrain-mae,default-10pct,hybrid-mae-10pct"]) == 0
+                 "--runs", "hybrid-pretrain-mae,default-10pct,control-10pct-seed0,hybrid-mae-10pct"]) == 0
     said = capsys.readouterr().out
     rows = {r["run"]: r for r in _rows(out)}
-    assert sorted(rows) == ["default-10pct-seed0", "default-10pct-seed1", "hybrid-mae-10pct-seed0",
-                            "hybrid-mae-10pct-seed1", "hybrid-pretrain-mae-seed0", "hybrid-pretrain-mae-seed1"]
+    assert sorted(rows) == ["control-10pct-seed0", "default-10pct-seed0", "default-10pct-seed1",
+                            "hybrid-mae-10pct-seed0", "hybrid-mae-10pct-seed1", "hybrid-pretrain-mae-seed0",
+                            "hybrid-pretrain-mae-seed1"]
+    control = rows["control-10pct-seed0"]["command"]  # what the fine-tuning's regularisation gives alone
+    assert "--init" not in control and "--mixup 0.8 --cutmix 1 --drop-path 0.1" in control
+    assert "MixUp 0.8, CutMix 1.0" in (out / "runs" / "hybrid-mae-10pct-seed0" / "train.log").read_text()
     for seed in (0, 1):
         tuned = rows[f"hybrid-mae-10pct-seed{seed}"]["command"]
         assert f"--init {out / 'runs' / f'hybrid-pretrain-mae-seed{seed}' / 'last'}" in tuned
@@ -135,6 +141,7 @@ def test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_defaul
     assert vitkit.load(str(out / "runs" / "hybrid-mae-10pct-seed0" / "best")).config.hybrid == "conv:64,64,M,128,128,M"
     text = (out / "summary.md").read_text()
     assert "against what `vitkit train` gives by default" in text and "10% of the labels: the default" in text
+    assert "the default with the fine-tuning's regularisation and no pre-training" in text
 
 
 def test_missing_data_is_a_message(tmp_path, capsys):

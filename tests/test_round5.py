@@ -233,11 +233,17 @@ def test_fine_tuning_a_pretrained_encoder_takes_the_datasets_recipe_with_adamw_a
     said = []
     cfg, _, name = resolve(Sources({"init": str(mae_run / "best")}), said.append)
     digits = read_recipe("digits")
-    assert name == "digits" and cfg.opt == "adamw" and cfg.layer_decay == 0.75 and cfg.tiers is None
+    assert name == "digits" and cfg.opt == "adamw" and cfg.layer_decay == 0.75
     assert cfg.lr == digits["lr"] and cfg.batch_size == digits["batch_size"]
-    assert any("a self-supervised encoder, fine-tuned as MAE's are" in s for s in said)
-    cfg, _, _ = resolve(Sources({"init": str(mae_run / "best"), "layer_decay": 0.6, "opt": "sgd"}), lambda s: None)
-    assert cfg.layer_decay == 0.6 and cfg.opt == "sgd"
+    # He et al.'s fine-tuning regularisation (Table 9), the mixing left out where a budget buys under 20 epochs
+    assert (cfg.mixup, cfg.cutmix, cfg.model_args) == (0.8, 1.0, {"drop_path_rate": 0.1})
+    assert cfg.tiers == [{"below": 20, "mixup": 0.0, "cutmix": 0.0}]
+    assert any("a self-supervised encoder, fine-tuned as MAE's are" in s and "MixUp 0.8, CutMix 1.0" in s
+               for s in said)
+    cfg, _, _ = resolve(Sources({"init": str(mae_run / "best"), "layer_decay": 0.6, "opt": "sgd", "mixup": 0.2},
+                                model_args={"drop_path_rate": 0.0}), lambda s: None)
+    assert cfg.layer_decay == 0.6 and cfg.opt == "sgd" and (cfg.mixup, cfg.cutmix) == (0.2, 1.0)
+    assert cfg.model_args == {"drop_path_rate": 0.0} and cfg.tiers == [{"below": 20, "cutmix": 0.0}]
     assert main(["train", "--init", str(mae_run / "best"), "--epochs", "1", "--output", str(tmp_path / "ft")]) == 0
 
 

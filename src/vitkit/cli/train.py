@@ -23,7 +23,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--init",): ("init", str, "fine-tune from weights: a registered NAME.TAG (`vitkit models --pretrained`), a Hub "
                                "id, a URL, a vitkit folder, a timm/HF folder or file, or a JAX .npz; picks the "
                                "paper's fine-tuning recipe (configs/finetune.yaml), or for a `vitkit pretrain` "
-                               "checkpoint the dataset's recipe with AdamW and layer decay 0.75 (MAE's way)"),
+                               "checkpoint the dataset's recipe with AdamW, layer decay 0.75, MixUp, CutMix and "
+                               "drop path (MAE's way)"),
     ("--epochs",): ("epochs", int, "epochs"),
     ("--train-fraction",): ("train_fraction", float, "train on this share of the training images (class-balanced, "
                                                      "the same images for every model and seed; learning curves)"),
