@@ -229,6 +229,7 @@ def test_fine_tuning_a_pretrained_encoder_takes_the_datasets_recipe_with_adamw_a
     crops (made for supervised weights; 51.01% against 53.78% from scratch), but the dataset's recipe, AdamW and
     layer decay 0.75, as MAE fine-tunes; flags still override."""
     from vitkit.training.config import read_recipe
+    from vitkit.training.plan import pick_tier
 
     said = []
     cfg, _, name = resolve(Sources({"init": str(mae_run / "best")}), said.append)
@@ -238,6 +239,8 @@ def test_fine_tuning_a_pretrained_encoder_takes_the_datasets_recipe_with_adamw_a
     # He et al.'s fine-tuning regularisation (Table 9), the mixing left out where a budget buys under 20 epochs
     assert (cfg.mixup, cfg.cutmix, cfg.model_args) == (0.8, 1.0, {"drop_path_rate": 0.1})
     assert cfg.tiers == [{"below": 20, "mixup": 0.0, "cutmix": 0.0}]
+    few = cfg.with_tier(pick_tier(cfg.tiers, 12.5))  # a budget that buys 12.5 epochs: not mixed
+    assert (few.mixup, few.cutmix, few.layer_decay) == (0.0, 0.0, 0.75) and pick_tier(cfg.tiers, 20.0) is None
     assert any("a self-supervised encoder, fine-tuned as MAE's are" in s and "MixUp 0.8, CutMix 1.0" in s
                for s in said)
     cfg, _, _ = resolve(Sources({"init": str(mae_run / "best"), "layer_decay": 0.6, "opt": "sgd", "mixup": 0.2},
