@@ -158,7 +158,9 @@ def test_a_gpu_budget_takes_the_upward_tier_from_the_replayed_steps(h200):
     short = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 1.0})
     short, p = plan_mod.make_plan(short, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0),
                                   refresh=True)
-    assert short.model_args["embed_dim"] == 128  # a minute buys too few epochs of the larger model
+    assert short.model_args["embed_dim"] == 128  # a minute buys too few epochs of the larger model, and ~134 of the
+    # recipe's: the tier above 50, its regularisation on the recipe's model
+    assert p.tier["above"] == 50 and (short.mixup, short.cutmix, short.model_args["drop_path_rate"]) == (0.8, 1.0, 0.1)
 
 
 def test_a_gpu_with_tf32_cores_times_tf32_and_an_older_one_does_not(h200, monkeypatch):
@@ -242,6 +244,15 @@ def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(m
     cfg, p = plan_mod.make_plan(base, data, log=lambda s: None, refresh=True)
     assert p.tier is None and cfg.model_args["depth"] == 4
     assert any("the recipe as it is" in n for n in p.notes)
+    # a larger tier whose step buys too few epochs gives way to the tier under it (configs/cifar10.yaml: CCT's model
+    # above 250, its regularisation alone above 50), not to the recipe as it is
+    monkeypatch.setattr(cal_mod, "time_candidates", lambda what, cands, make, **kw: Calibration(
+        what, [Timing(c, 0.2 if "depth 12" in what else 0.01, 3) for c in cands]))
+    two = TrainConfig.from_dict({**base.to_dict(), "tiers": [{"above": 50, "model_args": {"depth": 6}},
+                                                             {"above": 100, "model_args": {"depth": 12}}]})
+    cfg, p = plan_mod.make_plan(two, data, log=lambda s: None, refresh=True)
+    assert any("tier above 100" in n for n in p.notes) and any("the tiers under it" in n for n in p.notes)
+    assert p.tier == {"above": 50, "model_args": {"depth": 6}} and cfg.model_args["depth"] == 6, p.notes
     with pytest.raises(ValueError, match="needs one of below: N or above: N"):
         TrainConfig.from_dict({**base.to_dict(), "tiers": [{"below": 3, "above": 5, "lr": 0.1}]})
 

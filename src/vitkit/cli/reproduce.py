@@ -21,11 +21,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                                                       "folder or zip with train/ and val/, e.g. ants-bees.zip)")
     p.add_argument("--budget-min", type=float, default=None,
                    help="wall-clock minutes per run (default: the claim's: about an hour in all on 2 CPU cores for "
-                        "data-size, posemb, transfer and patch-size, whose pre-training gets 5 of them; about 10 hours "
+                        "data-size, posemb, transfer and patch-size, whose pre-training gets 5 of them; about 8 hours "
                         "for self-supervision, 30 minutes a comparison: the recipe's hybrid pre-trained by MAE (2 "
-                        "seeds) and MPP against the default and the control (the default with the fine-tuning's "
-                        "regularisation) at 1%%, 10%% and 100%% of the labels, ~400 minutes, and the plain ViT's "
-                        "runs, 190-230)")
+                        "seeds) and MPP against the default at 1%%, 10%% and 100%% of the labels, ~280 minutes, and "
+                        "the plain ViT's runs, 190-230)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny slice of the data, narrow models, one epoch a run: checks the machinery in about a "
                         "minute, says nothing about the claim")

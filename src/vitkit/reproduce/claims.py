@@ -181,24 +181,20 @@ HYBRID_PRETRAIN_SHARE = 0.4  # of the total: 12 of 30 minutes pre-training (the 
 # 5,000 images; the default's own run overfits after ~60 of its 80-85)
 PRETRAIN_HYBRID = {"mae": {"objective": "mae", "blr": 1e-3}, "mpp": {"objective": "mpp"}}
 DEFAULT = "the default (recipe, planner)"  # the weights column of `vitkit train` as it is, from scratch
-# The control: the default with the regularisation `--init` of a pre-trained encoder fine-tunes with (MAE's MixUp,
-# CutMix, drop path) and no pre-training; what those flags give alone is not pre-training's gain (10% of
-# CIFAR-10: 69.55% and 72.15% with them, 67.32% and 68.29% without, seeds 0 and 1; results/self-supervision-hybrid.csv)
+# The control, as earlier runs of this claim ran it: the default with the regularisation `--init` of a pre-trained
+# encoder fine-tunes with (MAE's MixUp, CutMix, drop path) and no pre-training (10% of CIFAR-10: 69.55% and 72.15%
+# with them, 67.32% and 68.29% without; results/self-supervision-hybrid.csv). Since configs/cifar10.yaml's tier
+# above 50 epochs the default takes them by itself where the budget buys that many, so the claim no longer runs it;
+# the verdict still reads those rows where a results file has them.
 CONTROL = "the default + MAE's fine-tuning regularisation, from scratch"
-
-
-def _regularised() -> dict[str, Any]:
-    """MAE's fine-tuning regularisation, as `vitkit train --init` of a pre-trained encoder takes it."""
-    from ..training.sources import FINETUNE_DROP_PATH, FINETUNE_MIXING  # torch: only when a claim's runs are made
-
-    return {**FINETUNE_MIXING, "model_args": {"drop_path_rate": FINETUNE_DROP_PATH}}
 
 
 def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
     """What a user has (``vitkit train`` on the labelled share: the recipe's hybrid and its planner, nothing set
     but the data, share, seed and total time) against the same model pre-trained on the images alone and
     fine-tuned: a seed is a pre-training and its fine-tunings (MAE at every seed of the judged share, the paper's
-    MPP at seed 0); and the control, the default with the fine-tuning's regularisation and no pre-training."""
+    MPP at seed 0). The default is its own control: it takes the fine-tuning's regularisation where its budget buys
+    50 epochs or more (configs/cifar10.yaml)."""
     total = s.budget
     pre_b = round(total * HYBRID_PRETRAIN_SHARE, 2) if total else None
     ft_b = round(total - pre_b, 2) if total else None
@@ -214,8 +210,6 @@ def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
             pct, base = f"{f * 100:g}pct", _with(s.data, {"seed": seed}, s.fraction(f), quick)
             runs.append(Run(f"default-{pct}-seed{seed}", base,
                             {"stage": "target", "labels": f, "weights": DEFAULT, "seed": seed}, total))
-            runs.append(Run(f"control-{pct}-seed{seed}", _with(base, _regularised()),
-                            {"stage": "target", "labels": f, "weights": CONTROL, "seed": seed}, total))
             for m in ("mae", "mpp") if seed == 0 else ("mae",):
                 pre = runs_dir / f"hybrid-pretrain-{m}-seed{seed}" / "last"
                 runs.append(Run(f"hybrid-{m}-{pct}-seed{seed}", _with(base, {"init": str(pre)}),

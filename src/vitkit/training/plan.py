@@ -523,10 +523,14 @@ def _take_tier(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan
     if "above" in tier:  # a larger model must still get the recipe's epochs in the budget, or it is not worth it
         now = affordable_epochs(budget_left(cfg.time_limit, start_time), (new_cal.best.seconds or 0.0) / gain, new_probe.n,
                                 world, len(data.train))
-        if now < new.epochs:
+        if now < new.epochs:  # then the tiers under it (configs/cifar10.yaml: the regularisation of the tier above
+            # 50 without CCT's larger model), or the recipe as it is
             p.tier = None
-            p.notes.append(f"... but its step buys only ~{now:.1f} epochs of its {new.epochs}: the recipe as it is")
-            return TrainConfig.from_dict({**cfg.to_dict(), "tiers": None}), probe, cal
+            lower = [t for t in cfg.tiers or [] if t is not tier and t.get("above", -1) < tier["above"]]
+            p.notes.append(f"... but its step buys only ~{now:.1f} epochs of its {new.epochs}: "
+                           + ("the tiers under it" if lower else "the recipe as it is"))
+            return _take_tier(TrainConfig.from_dict({**cfg.to_dict(), "tiers": lower or None}), data, device, p,
+                              probe, cal, start_time, refresh, unbatched, log)
     return new, new_probe, new_cal
 
 
