@@ -9,9 +9,12 @@
 #   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests fashion-mnist cifar10 streamed
 #
 # The two budgets alone are 8 minutes, so the device tool takes two calls (carry [".gpu"] in both), on one warm
-# machine, about 12 minutes of device time with its start:
-#   1. bash benchmarks/gpu_targets.sh info tests fashion-mnist streamed    (timeout_s 420; ~6 min)
-#   2. bash benchmarks/gpu_targets.sh info cifar10                         (timeout_s 420; ~6 min)
+# machine; the runs first, since a lease's 15 minutes may not reach the end of the second call:
+#   1. bash benchmarks/gpu_targets.sh info cifar10 fashion-mnist     (timeout_s 560; ~8.5 min)
+#   2. bash benchmarks/gpu_targets.sh streamed tests                 (timeout_s: what is left; ~6 min)
+# An H200 took (2026-11-28, results/gpu/h200-2026-11-28): its start ~1 min; tests 63 s; Fashion-MNIST 180 s and
+# CIFAR-10 239 s at 4 minutes (planning inside the budget, loading ~15 s beside it); photos 17 s; the streamed
+# B/16's planning 62 s. FM_LIMIT=2 / C10_LIMIT=4 shorten the budgets where less is left.
 #
 # .gpu/ holds the wheels the machine's image lacks (webdataset, braceexpand, torchinfo: its torch, torchvision and
 # the rest are there), Fashion-MNIST's four IDX files (30 MB) and CIFAR-10's JPEG folder as one tar.xz (18.5 MB:
@@ -27,7 +30,7 @@ for a in "$@"; do
   case "$a" in
     --pack) MODE=pack ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) PARTS+=("$a") ;;
   esac
 done

@@ -146,6 +146,9 @@ def test_a_gpu_budget_takes_the_upward_tier_from_the_replayed_steps(h200):
     assert p.tier is not None and p.tier["above"] == 250 and cfg.model_args["embed_dim"] == 256
     assert cfg.model_args["drop_path_rate"] == 0.1 and cfg.mixup == 0.8
     assert any("tier above 250" in n for n in p.notes) and cfg.batch_size == 4096
+    # CCT's lr for CCT's model (the authors' config: 5.5e-4 at batch 128), square-root scaled: the recipe's 0.002
+    # scaled to 0.0113 left an H200's run at a uniform guess's loss (results/gpu/h200-2026-11-28)
+    assert cfg.lr == pytest.approx(0.00055 * 32 ** 0.5)
     assert p.epochs_affordable > 100  # (the tier's own model, compiled: what its schedule was grown from)
     assert any("the tier's model" in c.what for c in p.calibrations)
     assert 100 <= cfg.epochs <= 400
