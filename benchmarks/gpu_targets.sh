@@ -30,7 +30,7 @@ for a in "$@"; do
   case "$a" in
     --pack) MODE=pack ;;
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;  # the header, however long (as as_cpu_kind.sh)
     *) PARTS+=("$a") ;;
   esac
 done
@@ -69,7 +69,8 @@ if [ $DRY = 1 ]; then  # toy budgets and models: every command runs end to end i
   STEPS_ARGS="-b 8 --depth 1 --embed-dim 64 --num-heads 1 --precision fp32"
   FM_DATA=${FM_DATA:-/usr/share/datasets/fashion-mnist}
 else  # the streamed steps at set settings (bf16, SDPA, eager): timing every candidate would cost the call a minute
-  FM_LIMIT=${FM_LIMIT:-3}; C10_LIMIT=${C10_LIMIT:-5}; PHOTOS=12000; S16_COMPILE=true  # the limits: shorter for a short lease
+  # the two budgets in minutes (FM_LIMIT / C10_LIMIT set: shorter, for a short lease)
+  FM_LIMIT=${FM_LIMIT:-3}; C10_LIMIT=${C10_LIMIT:-5}; PHOTOS=12000; S16_COMPILE=true
   STEPS_ARGS="-b 256 --precision bf16"
   FM_DATA=$PACK/fashion-mnist
 fi
