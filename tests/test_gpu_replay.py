@@ -260,6 +260,49 @@ def test_an_upward_tier_takes_a_larger_model_where_the_budget_buys_many_epochs(m
         TrainConfig.from_dict({**base.to_dict(), "tiers": [{"below": 3, "above": 5, "lr": 0.1}]})
 
 
+def test_a_regularising_tier_is_kept_where_its_own_step_buys_its_bound_if_not_the_recipes_epochs(monkeypatch, tmp_path):
+    """configs/cifar10.yaml's tier above 50 (MixUp, CutMix, drop path) makes the step a little slower: on a 2-core
+    Xeon with AMX, 10% of CIFAR-10 in 30 minutes bought ~133 epochs of the recipe's step and ~98 of the tier's, and
+    the tier was dropped for the unregularised recipe because 98 < the recipe's 100. An upward tier needs its own
+    bound of epochs on its own step (and no more than the recipe's schedule)."""
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    tier_s = {"s": 0.013}
+    monkeypatch.setattr(cal_mod, "time_candidates", lambda what, cands, make, **kw: Calibration(
+        what, [Timing(c, tier_s["s"] if "the tier's model" in what else 0.01, 3) for c in cands]))
+    from vitkit.training.build import build_data
+
+    reg = {"above": 20, "mixup": 0.8, "model_args": {"drop_path_rate": 0.1}}
+    base = TrainConfig.from_dict({**read_recipe("digits"), "time_limit": 1.0, "threads": 1, "max_epochs": 500,
+                                  "tiers": [reg]})
+    data = build_data(base)
+    cfg, p = plan_mod.make_plan(base, data, log=lambda s: None)
+    recipe_epochs = p.epochs_affordable
+    assert p.tier == reg and cfg.mixup == 0.8 and cfg.model_args["drop_path_rate"] == 0.1, p.notes
+    # the tier's step buys fewer epochs than the recipe's schedule (40) but more than its bound (20): still taken
+    tier_s["s"] = 0.01 * recipe_epochs / 30
+    cfg, p = plan_mod.make_plan(base, data, log=lambda s: None, refresh=True)
+    assert p.tier == reg and cfg.mixup == 0.8, p.notes
+    assert sum(n.startswith("a 1-minute budget buys") for n in p.notes) == 1
+    # under its bound: the recipe as it is, said once
+    tier_s["s"] = 0.01 * recipe_epochs / 15
+    cfg, p = plan_mod.make_plan(base, data, log=lambda s: None, refresh=True)
+    assert p.tier is None and cfg.mixup == 0.0 and cfg.model_args.get("drop_path_rate", 0.0) == 0.0
+    assert any("of the 20 it needs: the recipe as it is" in n for n in p.notes), p.notes
+    assert sum("the recipe as it is" in n for n in p.notes) == 1 and sum(n.startswith("a 1-minute budget buys") for n in p.notes) == 1
+
+
+def test_cifar10s_regularising_tier_is_maes_fine_tuning_regularisation():
+    """configs/cifar10.yaml's tier above 50 and `--init` of a pre-trained encoder take the same regularisation, He et
+    al.'s fine-tuning values (Table 9: MixUp 0.8, CutMix 1.0, drop path 0.1): a YAML recipe cannot import the
+    constants, so this keeps the two in step."""
+    from vitkit.training.sources import FINETUNE_DROP_PATH, FINETUNE_MIXING
+
+    tier = next(t for t in read_recipe("cifar10")["tiers"] if t.get("above") == 50)
+    assert FINETUNE_MIXING == {"mixup": 0.8, "cutmix": 1.0} and FINETUNE_DROP_PATH == 0.1
+    assert {k: tier[k] for k in FINETUNE_MIXING} == FINETUNE_MIXING
+    assert tier["model_args"] == {"drop_path_rate": FINETUNE_DROP_PATH}
+
+
 
 def test_cuda_graphs_are_a_compile_candidate_taken_where_they_are_faster(h200, monkeypatch):
     """On a GPU the compile timing has a third candidate, torch.compile's reduce-overhead (CUDA graphs: a launch-bound
