@@ -11,7 +11,6 @@ So the candidates are timed round-robin on the run's own step, and the fewest th
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -46,8 +45,14 @@ def candidates(cores: int) -> list[int]:
 
 def time_threads(step: Callable[[], object], counts: list[int], budget_s: float = 2.0,
                  rounds: int = 5) -> dict[int, float]:
-    """Median seconds of ``step`` under each thread count, timed round-robin (so drift falls on all alike). Stops
-    after ``rounds`` rounds or ``budget_s`` seconds, whichever comes first (at least one timed round)."""
+    """The fastest seconds of ``step`` under each thread count, timed round-robin (so drift falls on all alike).
+    Stops after ``rounds`` rounds or ``budget_s`` seconds, whichever comes first (at least two timed rounds).
+
+    The fastest, not the median: a step of ~1 s gets two rounds in the budget, and the median of two is their mean,
+    so one round that a passing hiccup slowed decides. On a 2-core Xeon with AMX a fine-tuning step timed 911 ms on
+    one thread and 994 ms on two (so one was chosen), and then trained at 501 ms a step where the same model's run
+    on two threads took 320 ms. Another process's load, which is what fewer threads are for, slows every round
+    of the contended count, so its fastest round still shows it."""
     times: dict[int, list[float]] = {n: [] for n in counts}
     for n in counts:  # warm-up: oneDNN's first call at a new thread count builds its primitives
         torch.set_num_threads(n)
@@ -61,7 +66,7 @@ def time_threads(step: Callable[[], object], counts: list[int], budget_s: float 
             times[n].append(time.perf_counter() - t)
         if r >= 1 and time.perf_counter() - start > budget_s:
             break
-    return {n: statistics.median(ts) for n, ts in times.items()}
+    return {n: min(ts) for n, ts in times.items()}
 
 
 def timed(step: Callable[[], object]) -> float:
@@ -71,10 +76,10 @@ def timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def pick(medians: dict[int, float]) -> int:
+def pick(fastest: dict[int, float]) -> int:
     """The fewest threads within ``TIE`` of the fastest."""
-    best = min(medians.values())
-    return min(n for n, t in medians.items() if t <= best * TIE)
+    best = min(fastest.values())
+    return min(n for n, t in fastest.items() if t <= best * TIE)
 
 
 def choose_threads(step: Callable[[], object], requested: int | None = None, what: str = "step",
@@ -117,10 +122,10 @@ def choose_threads(step: Callable[[], object], requested: int | None = None, wha
             torch.set_num_threads(cores)
             return cores, (f"threads: all {cores} cores (a {what} takes {t_all:.1f} s on {cores} threads, "
                            f"{t_one:.1f} s on one: it splits well)")
-    medians = time_threads(step, counts)
-    n = pick(medians)
+    fastest = time_threads(step, counts)
+    n = pick(fastest)
     torch.set_num_threads(n)
-    each = ", ".join(f"{k} thread{'s' if k > 1 else ''} {v * 1e3:.1f} ms" for k, v in medians.items())
+    each = ", ".join(f"{k} thread{'s' if k > 1 else ''} {v * 1e3:.1f} ms" for k, v in fastest.items())
     return n, f"threads: {n} of {cores} cores (measured per {what}: {each}; --threads N to set)"
 
 
