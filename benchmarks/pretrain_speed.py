@@ -6,6 +6,7 @@ cross-entropy), ``mae`` (the encoder sees the visible quarter of the patches; th
 
     python benchmarks/pretrain_speed.py [--model vit|hybrid] [--batch 128] [--precision bf16] [--steps 10]
                                         [--repeats 5] [--compile] [--csv results/pretrain-speed.csv]
+                                        [--profile 8]
 
 ``--model hybrid``: configs/cifar10.yaml's own model (the conv:64,64,M,128,128,M stem, then 4 blocks), pre-trained
 with its stem masked at every layer (model/masked_stem.py).
@@ -13,6 +14,10 @@ with its stem masked at every layer (model/masked_stem.py).
 Forward, backward and optimiser step on a batch already in memory: what the objective costs, not the data
 pipeline (which is the same code for all three). The issue's target: pre-training at >= 90% of supervised
 training's img/s. Not a test: numbers, no assertions.
+
+``--profile N``: after the timing, one more round of each objective under torch.profiler, and its N operators of
+most self time with their share of the round: where a step's time goes (on a 2-core AMX Xeon, MAE's hybrid step
+spent ~44% of it in the convolutions' backward over the visible cells).
 """
 import argparse
 import statistics
@@ -37,6 +42,8 @@ p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
 p.add_argument("--steps", type=int, default=10, help="steps a round")
 p.add_argument("--repeats", type=int, default=5, help="rounds (after one of warm-up)")
 p.add_argument("--compile", action="store_true", help="torch.compile each objective's module first")
+p.add_argument("--profile", type=int, default=0, metavar="N",
+               help="then profile one round of each objective: its N operators of most self time")
 p.add_argument("--csv", type=csv_arg, help="append the rows to this CSV (with the CPU kind and this command)")
 args = p.parse_args()
 
@@ -91,3 +98,12 @@ for o, ts in zip(OBJECTIVES, times):
 print(f"{cpu}; {args.model}, batch {args.batch}, {args.precision}, {'compiled' if args.compile else 'eager'}")
 if args.csv:
     append_csv_rows(args.csv, rows)
+for o, run in zip(OBJECTIVES, runs) if args.profile else ():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops)
+    print(f"\n{o}: {total / 1e3 / args.steps:.0f} ms of operator time a step; the {args.profile} of most self time:")
+    for e in ops[:args.profile]:
+        print(f"  {e.self_cpu_time_total / total:6.1%}  {e.self_cpu_time_total / 1e3 / args.steps:7.1f} ms/step  "
+              f"{e.count // args.steps:3d} calls/step  {e.key}")

@@ -4,7 +4,13 @@ import shutil
 import tempfile
 
 import pytest
-import torch
+
+# Inductor's max-autotune (optimize_for_inference's CPU mode) benchmarks its own C++ GEMM templates against ATen's for
+# every GEMM shape: 45 s of one 2-layer ViT's compile on a 2-core AMD EPYC, 20 s with ATen's alone. The tests check
+# vitkit's compiled paths (freezing, inference mode, split bias), not Inductor's choice of GEMM: ATen's alone here,
+# in this process and the subprocesses it starts (read when torch._inductor is first imported, after this).
+os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "ATEN")
+import torch  # noqa: E402
 
 # A fixed thread count everywhere, in this process and the training subprocesses: results do not depend on what the
 # thread probe (runtime/threads.py) would pick on a busy or quiet machine; test_speed_choices.py tests the probe
