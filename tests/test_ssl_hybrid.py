@@ -4,11 +4,13 @@ the masked stem's batch norm is torch's own over the visible positions. Referenc
 an all-visible mask, and the leak a plain stem has (shown, so the no-leak checks can fail)."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from vitkit.cli.main import main
 from vitkit.model import ViTConfig, VisionTransformer
@@ -54,17 +56,25 @@ def test_no_pixel_of_a_corrupted_patch_reaches_mpp_of_a_hybrid():
     mpp = MaskedPatchPrediction(_hybrid()).train()
     raw = torch.rand(4, 3, 32, 32)
     noise = mpp.noise(raw, torch.Generator().manual_seed(2))
+    before = copy.deepcopy(mpp.state_dict())  # a training step moves the running statistics the stem reads
     out = mpp(raw, raw, noise=noise)
     _, to_mask, to_other = mpp.choose(noise)
     pe = mpp.encoder.patch_embed
     other = _other_hidden_pixels(raw, to_mask | to_other, pe.cell, pe.grid_size)
     # the targets are the raw pixels: the same ones, so that only what the encoder reads changes
+    mpp.load_state_dict(before)
     again = mpp(other, raw, noise=noise)
     assert torch.equal(again.pred, out.pred)
     assert out.pred.shape[:2] == (4, 64)  # a token per 4x4-pixel cell of the 8x8 map
 
 
-def test_masked_batch_norm_is_torchs_over_the_visible_positions_alone():
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_batch_norm_is_torchs_over_the_visible_positions_alone(relu, dtype):
+    """Output, running statistics and the gradients of input, weight and bias (the backward is written by hand)
+    against torch's BatchNorm2d (and ReLU) on the visible positions gathered alone; the input holds values at the
+    hidden positions (a convolution's spill), which must reach nothing. bf16 as autocast gives it: input bf16,
+    parameters fp32."""
     torch.manual_seed(0)
     bn, ref = nn.BatchNorm2d(5), nn.BatchNorm2d(5)
     with torch.no_grad():
@@ -73,15 +83,28 @@ def test_masked_batch_norm_is_torchs_over_the_visible_positions_alone():
             b.bias.copy_(torch.linspace(-1, 1, 5))
     visible = torch.rand(3, 16) < 0.4
     m = cell_mask(visible, (4, 4), (2, 2))  # (3, 1, 8, 8)
-    x = torch.randn(3, 5, 8, 8) * 2 + 1
-    y = masked_batch_norm(bn, x * m, m)
-    seen = x.permute(1, 0, 2, 3)[:, m[:, 0].bool()]  # (5, K): the visible positions alone
-    want = ref(seen.T[:, :, None, None])[:, :, 0, 0].T  # torch's batch norm over them: an independent reference
-    assert torch.allclose(y.permute(1, 0, 2, 3)[:, m[:, 0].bool()], want, atol=1e-5)
+    x = (torch.randn(3, 5, 8, 8) * 2 + 1).to(dtype).requires_grad_()
+    y = masked_batch_norm(bn, x, m, relu=relu)
+    seen = x.detach().float().permute(1, 0, 2, 3)[:, m[:, 0].bool()].T.requires_grad_()  # (K, 5): the visible alone
+    want = ref(seen[:, :, None, None])[:, :, 0, 0]  # torch's batch norm over them: an independent reference
+    want = F.relu(want) if relu else want
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 2e-2}
+    assert y.dtype == dtype
+    assert torch.allclose(y.float().permute(1, 0, 2, 3)[:, m[:, 0].bool()].T, want, **tol)
     assert torch.equal(y * (1 - m), torch.zeros_like(y))  # the hidden positions stay empty
-    assert torch.allclose(bn.running_mean, ref.running_mean, atol=1e-6)
-    assert torch.allclose(bn.running_var, ref.running_var, atol=1e-5)
+    stats = {"atol": 1e-6} if dtype == torch.float32 else {"atol": 1e-3}  # bf16: centring rounds to bf16
+    assert torch.allclose(bn.running_mean, ref.running_mean, **stats)
+    assert torch.allclose(bn.running_var, ref.running_var, **stats)
     assert bn.num_batches_tracked.item() == 1
+    grad = torch.randn(want.shape)
+    want.backward(grad)
+    full = torch.zeros(5, 3, 8, 8)
+    full[:, m[:, 0].bool()] = grad.T
+    y.backward(full.permute(1, 0, 2, 3).to(dtype))
+    assert torch.equal(x.grad * (1 - m), torch.zeros_like(x.grad))  # nothing flows to the hidden positions
+    assert torch.allclose(x.grad.float().permute(1, 0, 2, 3)[:, m[:, 0].bool()].T, seen.grad, **tol)
+    assert torch.allclose(bn.weight.grad, ref.weight.grad, **tol)
+    assert torch.allclose(bn.bias.grad, ref.bias.grad, **tol)
 
 
 def test_all_visible_the_masked_stem_is_the_stem():

@@ -57,27 +57,76 @@ def cell_mask(visible: torch.Tensor, grid: tuple[int, int], cell: tuple[int, int
     return m.repeat_interleave(cell[0], 2).repeat_interleave(cell[1], 3)
 
 
-def masked_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """``bn`` over the visible positions ``m`` (B, 1, H, W) of ``x``, which is zero at the hidden ones (SparK's
-    sparse batch norm): in training the statistics, and the running ones' update, are the visible positions';
-    hidden positions stay zero."""
-    if bn.training:
-        n = m.sum().clamp_min(2)
-        xf = x.float()
-        mean = xf.sum((0, 2, 3)) / n  # the hidden positions are zeros: the sums are the visible positions'
-        var = (xf.square().sum((0, 2, 3)) / n - mean.square()).clamp_min(0)
-        with torch.no_grad():
-            bn.num_batches_tracked.add_(1)
-            # momentum None: BatchNorm2d's cumulative average
-            rate = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-            bn.running_mean.lerp_(mean, rate)
-            bn.running_var.lerp_(var * n / (n - 1), rate)  # unbiased, as BatchNorm2d's
-        scale = bn.weight * torch.rsqrt(var + bn.eps)  # (x - mean) / std * weight + bias, as x * scale + shift
-        shift = bn.bias - mean * scale
-        x = torch.addcmul(shift.to(x.dtype)[:, None, None], x, scale.to(x.dtype)[:, None, None])
-    else:
+def masked_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, m: torch.Tensor, relu: bool = False,
+                      shift: torch.Tensor | None = None) -> torch.Tensor:
+    """``bn`` (then a ReLU, with ``relu``) over the visible positions ``m`` (B, 1, H, W) of ``x`` (SparK's sparse batch
+    norm): in training the statistics, and the running ones' update, are the visible positions'; the output is zero at
+    the hidden ones whatever ``x`` holds there (a convolution's output spills into them). ``x`` may be the input less
+    ``shift`` (C,), fp32: ``_through`` has the convolution subtract the running mean (``_visible_moments`` says why)."""
+    if not bn.training:
         x = bn(x)
-    return x * m.to(x.dtype)
+        return (F.relu(x) if relu else x) * m.to(x.dtype)
+    ones = x.new_ones(x.shape[1], dtype=torch.float32)
+    weight, bias = (bn.weight, bn.bias) if bn.affine else (ones, torch.zeros_like(ones))
+    return _MaskedBatchNorm.apply(x, m, weight, bias, torch.zeros_like(ones) if shift is None else shift, bn, relu)
+
+
+def _visible_moments(xm: torch.Tensor, n: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each channel's mean and biased variance over the ``n`` visible positions of ``xm``, zero at the hidden ones,
+    in fp32. torch's own batch norm computes them over every position in one pass (an fp32 ``weight`` makes them
+    fp32); with the hidden positions zero its sums are the visible positions' sums, to be divided by ``n`` instead.
+    The variance is then E[x^2] - mean^2, which loses digits as the mean outgrows the spread: over a map whose mean is
+    ten times its spread the stem's gradients were 1% off fp64's in fp32. Hence the shift: the running mean taken off
+    by the convolution before (its bias, no pass of its own), the mean left is near zero, and fp32 keeps its digits
+    (the stem's gradients as close to fp64's as torch's own BatchNorm2d's, from the first few dozen steps)."""
+    _, mean_all, invstd_all = torch.native_batch_norm(xm, weight, None, None, None, True, 0.0, eps)
+    share = xm.numel() / xm.shape[1] / n  # every position over the visible ones
+    mean = mean_all * share
+    second = (invstd_all.pow(-2) - eps + mean_all.square()) * share  # E[x^2] over the visible positions
+    return mean, (second - mean.square()).clamp_min(0)
+
+
+class _MaskedBatchNorm(torch.autograd.Function):
+    """Training's batch norm (and ReLU) with the visible positions' statistics, its gradients those of BatchNorm2d
+    over the visible positions alone (tests/test_ssl_hybrid.py), by hand: the algebra autograd would do through the
+    masking, in a few of torch's fused batch-norm kernels instead of ~20 elementwise operations over the whole feature
+    map, which were a quarter of MPP's hybrid step (2-core AMD EPYC with AVX512-BF16; docs/results.md)."""
+
+    @staticmethod
+    def forward(ctx, x, m, weight, bias, shift, bn, relu):  # type: ignore[no-untyped-def]
+        mx = m.to(x.dtype)
+        xm = x * mx
+        n = m.sum(dtype=torch.float32).clamp_min(2)
+        rest, var = _visible_moments(xm, n, weight, bn.eps)  # rest: the mean less the shift
+        bn.num_batches_tracked.add_(1)
+        # momentum None: BatchNorm2d's cumulative average
+        rate = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+        bn.running_mean.lerp_(shift + rest, rate)
+        bn.running_var.lerp_(var * n / (n - 1), rate)  # unbiased, as BatchNorm2d's
+        y = F.batch_norm(xm, rest, var, weight, bias, training=False, eps=bn.eps)  # normalised with these statistics
+        if relu:
+            y = y.relu_()
+        y = y.mul_(mx)  # a convolution next reads the hidden positions as zero
+        ctx.save_for_backward(xm, y, mx, n, weight, rest, torch.rsqrt(var + bn.eps))
+        ctx.relu = relu
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        xm, y, mx, n, weight, mean, invstd = ctx.saved_tensors
+        # the gradient at the output, zero at the hidden positions (where y is zero, and so is ReLU's gradient)
+        g = torch.ops.aten.threshold_backward(grad, y, 0) if ctx.relu else grad * mx
+        # d weight = sum g * x_hat, d bias = sum g: over every position, and g is zero at the hidden ones
+        _, dw, db = torch.ops.aten.native_batch_norm_backward(g, xm, weight, None, None, mean, invstd, True, 0.0,
+                                                              [False, True, True])
+        # dx = w invstd (g - db/n - x_hat dw/n) at the visible positions, 0 at the hidden: with x_hat = (xm - mean)
+        # invstd and xm zero at the hidden positions, that is a g + b xm + c m, each of a, b, c one per channel
+        a = weight * invstd
+        b = -a * invstd * dw / n
+        c = -a * db / n - b * mean
+        a, b, c = (v.to(g.dtype).view(1, -1, 1, 1) for v in (a, b, c))
+        return g.mul_(a).addcmul_(xm, b).addcmul_(mx, c), None, dw, db, None, None, None  # in place: g is ours
 
 
 def _masked(layer: nn.Module, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +151,24 @@ def _masked(layer: nn.Module, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.T
 
 
 def _through(layers: Iterable[nn.Module], x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    for layer in layers:
-        x, m = _masked(layer, x, m)
+    layers = list(layers)
+    i = 0
+    while i < len(layers):
+        after = layers[i + 1:i + 3]
+        if isinstance(layers[i], nn.Conv2d) and after and isinstance(after[0], nn.BatchNorm2d):
+            # conv-BN(-ReLU), the stems' unit, masked once: the batch norm masks the convolution's output itself
+            conv, bn = layers[i], after[0]
+            relu = len(after) == 2 and isinstance(after[1], nn.ReLU)
+            if bn.training:  # the convolution's bias takes the running mean off (masked_batch_norm's shift)
+                shift = bn.running_mean.clone()
+                y = conv._conv_forward(x, conv.weight, -shift if conv.bias is None else conv.bias - shift)
+                x = masked_batch_norm(bn, y, m, relu=relu, shift=shift.to(y.dtype).float())  # as the conv took it
+            else:
+                x = masked_batch_norm(bn, conv(x), m, relu=relu)
+            i += 3 if relu else 2
+        else:
+            x, m = _masked(layers[i], x, m)
+            i += 1
     return x, m
 
 
