@@ -81,6 +81,7 @@ def _visible_moments(xm: torch.Tensor, n: torch.Tensor, weight: torch.Tensor,
     by the convolution before (its bias, no pass of its own), the mean left is near zero, and fp32 keeps its digits
     (the stem's gradients as close to fp64's as torch's own BatchNorm2d's, from the first few dozen steps)."""
     _, mean_all, invstd_all = torch.native_batch_norm(xm, weight, None, None, None, True, 0.0, eps)
+    mean_all, invstd_all = mean_all.float(), invstd_all.float()  # (torch.compile's decomposition gives x's dtype)
     share = xm.numel() / xm.shape[1] / n  # every position over the visible ones
     mean = mean_all * share
     second = (invstd_all.pow(-2) - eps + mean_all.square()) * share  # E[x^2] over the visible positions

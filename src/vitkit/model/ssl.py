@@ -146,12 +146,16 @@ class MaskedPatchPrediction(nn.Module):
         grid = self.encoder._check_input(x)
         return draw(torch.rand, 3, len(x), grid[0] * grid[1], generator=generator, on=x.device)
 
+    def corrupted_ids(self, noise: torch.Tensor) -> torch.Tensor:
+        """The corrupted patches of each image, (B, K) indices: round(corrupt x N) of them, the same K for every
+        image (so that they gather into one tensor without the host learning a count)."""
+        return noise[0].argsort(1)[:, :max(1, round(self.corrupt * noise.shape[2]))]
+
     def choose(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(corrupted, to [mask], to another patch): (B, N) bool each; round(corrupt x N) patches of every image."""
         _, b, n = noise.shape
-        k = max(1, round(self.corrupt * n))
-        order = noise[0].argsort(1)
-        corrupted = torch.zeros(b, n, dtype=torch.bool, device=noise.device).scatter_(1, order[:, :k], True)
+        corrupted = torch.zeros(b, n, dtype=torch.bool, device=noise.device).scatter_(1, self.corrupted_ids(noise),
+                                                                                       True)
         u = noise[1]
         to_mask = corrupted & (u < self.replace[0])
         to_other = corrupted & (u >= self.replace[0]) & (u < self.replace[0] + self.replace[1])
@@ -173,21 +177,22 @@ class MaskedPatchPrediction(nn.Module):
         tokens = torch.where(to_mask[..., None], self.mask_token.to(tokens.dtype).expand(b, n, d), tokens)
         tokens = torch.where(to_other[..., None], swapped, tokens)
         z = enc.norm(enc.blocks(enc.embed_patches(tokens, grid)))[:, enc.num_prefix_tokens:]  # (B, N, D)
-        pred = self.head(z)
-        target = mpp_targets(raw, enc.patch_embed.cell, self.target)
-        # the means over the corrupted patches are weighted by the mask, not cut out by it: x[mask] makes the host
-        # wait for the device to learn its size (a sync a step on a GPU, and a graph break for torch.compile)
-        m = corrupted.float()  # (B, N)
+        # the loss is over the corrupted patches, so the head runs on them alone (half its work, and half the
+        # loss's): gathered by index, a count the host knows, not cut out by the mask (x[mask] makes the host wait
+        # for the device to learn its size: a sync a step on a GPU, and a graph break for torch.compile)
+        ids = self.corrupted_ids(noise)  # (B, K)
+        pred = self.head(torch.gather(z, 1, ids[..., None].expand(-1, -1, d)))  # (B, K, out)
+        target = mpp_targets(raw, enc.patch_embed.cell, self.target).reshape(b, n, -1)  # (B, N, cells or pixels)
+        target = torch.gather(target, 1, ids[..., None].expand(-1, -1, target.shape[-1]))
+        # every patch's prediction for the figures, zero where nothing was corrupted (no gradient flows back here)
+        every = pred.new_zeros(b, n, pred.shape[-1]).scatter_(1, ids[..., None].expand(-1, -1, pred.shape[-1]),
+                                                             pred.detach())
         if self.target == "l2":  # the whole patch's pixels, by squared error
-            loss = ((pred.float() - target).pow(2).mean(-1) * m).sum() / m.sum()
-            return SSLOutput(loss, corrupted, pred)
-        logits = pred.float().reshape(b, n, -1, colour_classes(enc.config.in_chans))  # (B, N, 1 or 16, classes)
-        target = target.reshape(b, n, -1)  # (B, N, cells)
-        cells = target.shape[-1]
-        ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").reshape(b, n, cells)
-        loss = (ce * m[..., None]).sum() / (m.sum() * cells)
-        hits = ((logits.argmax(-1) == target) & corrupted[..., None]).sum()
-        return SSLOutput(loss, corrupted, pred, hits, corrupted.sum() * cells)
+            return SSLOutput((pred.float() - target).pow(2).mean(), corrupted, every)
+        logits = pred.float().reshape(*target.shape, colour_classes(enc.config.in_chans))  # (B, K, cells, classes)
+        loss = F.cross_entropy(logits.flatten(0, 2), target.flatten())
+        hits = (logits.argmax(-1) == target).sum()
+        return SSLOutput(loss, corrupted, every, hits, corrupted.sum() * target.shape[-1])
 
 
 def colour_of_class(classes: torch.Tensor, channels: int) -> torch.Tensor:
