@@ -56,6 +56,8 @@ args = p.parse_args()
 spec = models("cifar10")["vit"] if args.model == "vit" else \
     {"model": read_recipe("cifar10")["model"], "model_args": read_recipe("cifar10")["model_args"]}
 OBJECTIVES = ("classify", "mae", "mpp")
+# what the CSV's rows name MPP's hybrid step by (the rows before it masked with elementwise operations)
+MPP_STEM = "masked at every layer, conv-BN-ReLU as one Function; head on the corrupted patches"
 device = torch.device("cpu")
 mean, std = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 
@@ -96,9 +98,10 @@ cpu = cpu_label()
 rows = []
 for o, ts in zip(OBJECTIVES, times):
     spread = [args.batch * args.steps / t for t in ts]
-    rows.append({"cpu": cpu, "model": args.model, "objective": o, "batch": args.batch, "precision": args.precision,
-                 "compiled": args.compile, "img_per_s": round(ips[o], 1),
-                 "img_per_s_range": f"{min(spread):.0f}-{max(spread):.0f}",
+    stems = {"mae_stem": "each visible cell alone", "mpp_stem": MPP_STEM} if args.model == "hybrid" else {}
+    rows.append({"cpu": cpu, "model": args.model, "objective": o, **stems, "attention": args.attention,
+                 "batch": args.batch, "precision": args.precision, "compiled": args.compile,
+                 "img_per_s": round(ips[o], 1), "img_per_s_range": f"{min(spread):.0f}-{max(spread):.0f}",
                  "vs_classify": round(ips[o] / ips["classify"], 3)})
     print(f"{o:9s} {ips[o]:8.1f} img/s ({min(spread):.0f}-{max(spread):.0f} over {args.repeats} rounds)  "
           f"{ips[o] / ips['classify']:.2f}x supervised")
