@@ -107,6 +107,17 @@ def test_masked_batch_norm_is_torchs_over_the_visible_positions_alone(relu, dtyp
     assert torch.allclose(bn.bias.grad, ref.bias.grad, **tol)
 
 
+def test_masked_batch_norm_without_running_statistics_normalises_as_torchs_in_both_modes():
+    bn = nn.BatchNorm2d(4, track_running_stats=False)
+    m = cell_mask(torch.rand(2, 16, generator=torch.Generator().manual_seed(0)) < 0.5, (4, 4), (2, 2))
+    x = torch.randn(2, 4, 8, 8)
+    seen = x.permute(1, 0, 2, 3)[:, m[:, 0].bool()].T[:, :, None, None]
+    for mode in (True, False):
+        y = masked_batch_norm(bn.train(mode), x * m, m, relu=True)
+        want = F.relu(nn.BatchNorm2d(4, track_running_stats=False).train(mode)(seen))[:, :, 0, 0]
+        assert torch.allclose(y.permute(1, 0, 2, 3)[:, m[:, 0].bool()].T, want, atol=1e-5), mode
+
+
 def test_all_visible_the_masked_stem_is_the_stem():
     enc = _hybrid("conv:8,R16,M,R16,M", 16, 1).train()
     stem = enc.patch_embed.backbone

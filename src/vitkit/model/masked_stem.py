@@ -63,7 +63,7 @@ def masked_batch_norm(bn: nn.BatchNorm2d, x: torch.Tensor, m: torch.Tensor, relu
     norm): in training the statistics, and the running ones' update, are the visible positions'; the output is zero at
     the hidden ones whatever ``x`` holds there (a convolution's output spills into them). ``x`` may be the input less
     ``shift`` (C,), fp32: ``_through`` has the convolution subtract the running mean (``_visible_moments`` says why)."""
-    if not bn.training:
+    if not bn.training and bn.track_running_stats:  # (without running statistics, eval normalises as training)
         x = bn(x)
         return (F.relu(x) if relu else x) * m.to(x.dtype)
     ones = x.new_ones(x.shape[1], dtype=torch.float32)
@@ -100,11 +100,12 @@ class _MaskedBatchNorm(torch.autograd.Function):
         xm = x * mx
         n = m.sum(dtype=torch.float32).clamp_min(2)
         rest, var = _visible_moments(xm, n, weight, bn.eps)  # rest: the mean less the shift
-        bn.num_batches_tracked.add_(1)
-        # momentum None: BatchNorm2d's cumulative average
-        rate = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
-        bn.running_mean.lerp_(shift + rest, rate)
-        bn.running_var.lerp_(var * n / (n - 1), rate)  # unbiased, as BatchNorm2d's
+        if bn.track_running_stats:
+            bn.num_batches_tracked.add_(1)
+            # momentum None: BatchNorm2d's cumulative average
+            rate = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+            bn.running_mean.lerp_(shift + rest, rate)
+            bn.running_var.lerp_(var * n / (n - 1), rate)  # unbiased, as BatchNorm2d's
         y = F.batch_norm(xm, rest, var, weight, bias, training=False, eps=bn.eps)  # normalised with these statistics
         if relu:
             y = y.relu_()
@@ -160,7 +161,7 @@ def _through(layers: Iterable[nn.Module], x: torch.Tensor, m: torch.Tensor) -> t
             # conv-BN(-ReLU), the stems' unit, masked once: the batch norm masks the convolution's output itself
             conv, bn = layers[i], after[0]
             relu = len(after) == 2 and isinstance(after[1], nn.ReLU)
-            if bn.training:  # the convolution's bias takes the running mean off (masked_batch_norm's shift)
+            if bn.training and bn.track_running_stats:  # the conv's bias takes the running mean off (the shift)
                 shift = bn.running_mean.clone()
                 y = conv._conv_forward(x, conv.weight, -shift if conv.bias is None else conv.bias - shift)
                 x = masked_batch_norm(bn, y, m, relu=relu, shift=shift.to(y.dtype).float())  # as the conv took it
