@@ -1,7 +1,8 @@
 """Masked pre-training of the recipes' hybrids (issue 66, item 1): MAE runs the CNN stem on each visible cell alone
 and MPP on the whole image masked at every layer, so nothing of a hidden patch's pixels reaches the encoder, and
-the masked stem's batch norm is torch's own over the visible positions. References: torch's BatchNorm2d on the visible positions gathered alone, the stem's unmasked forward on
-an all-visible mask, and the leak a plain stem has (shown, so the no-leak checks can fail)."""
+the masked stem's batch norm (its backward written by hand) is torch's own over the visible positions. References:
+torch's BatchNorm2d and its autograd on the visible positions gathered alone, the stem's unmasked forward on an
+all-visible mask, and the leak a plain stem has (shown, so the no-leak checks can fail)."""
 from __future__ import annotations
 
 import copy
