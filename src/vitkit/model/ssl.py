@@ -151,11 +151,13 @@ class MaskedPatchPrediction(nn.Module):
         image (so that they gather into one tensor without the host learning a count)."""
         return noise[0].argsort(1)[:, :max(1, round(self.corrupt * noise.shape[2]))]
 
-    def choose(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(corrupted, to [mask], to another patch): (B, N) bool each; round(corrupt x N) patches of every image."""
+    def choose(self, noise: torch.Tensor,
+               ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(corrupted, to [mask], to another patch): (B, N) bool each; round(corrupt x N) patches of every image,
+        ``ids`` (``corrupted_ids(noise)``, when the caller has them already)."""
         _, b, n = noise.shape
-        corrupted = torch.zeros(b, n, dtype=torch.bool, device=noise.device).scatter_(1, self.corrupted_ids(noise),
-                                                                                       True)
+        ids = self.corrupted_ids(noise) if ids is None else ids
+        corrupted = torch.zeros(b, n, dtype=torch.bool, device=noise.device).scatter_(1, ids, True)
         u = noise[1]
         to_mask = corrupted & (u < self.replace[0])
         to_other = corrupted & (u >= self.replace[0]) & (u < self.replace[0] + self.replace[1])
@@ -169,7 +171,8 @@ class MaskedPatchPrediction(nn.Module):
         grid = enc._check_input(x)
         if noise is None:
             noise = self.noise(x, generator)
-        corrupted, to_mask, to_other = self.choose(noise)
+        ids = self.corrupted_ids(noise)  # (B, K)
+        corrupted, to_mask, to_other = self.choose(noise, ids)
         tokens = enc.patch_embed.masked(x, ~(to_mask | to_other), grid)  # x_p E: (B, N, D)
         b, n, d = tokens.shape
         other = (noise[2] * (b * n)).long().clamp_max(b * n - 1)  # any patch of the batch
@@ -180,7 +183,6 @@ class MaskedPatchPrediction(nn.Module):
         # the loss is over the corrupted patches, so the head runs on them alone (half its work, and half the
         # loss's): gathered by index, a count the host knows, not cut out by the mask (x[mask] makes the host wait
         # for the device to learn its size: a sync a step on a GPU, and a graph break for torch.compile)
-        ids = self.corrupted_ids(noise)  # (B, K)
         pred = self.head(torch.gather(z, 1, ids[..., None].expand(-1, -1, d)))  # (B, K, out)
         target = mpp_targets(raw, enc.patch_embed.cell, self.target).reshape(b, n, -1)  # (B, N, cells or pixels)
         target = torch.gather(target, 1, ids[..., None].expand(-1, -1, target.shape[-1]))
