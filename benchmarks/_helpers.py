@@ -72,10 +72,14 @@ def append_csv_rows(path: str, rows: list[dict]) -> None:
         prefix += ["bash", "benchmarks/as_cpu_kind.sh", os.environ["VITKIT_AS_CPU"]]
     command = " ".join(prefix + isa_limits() + [shlex.join(["python", *sys.argv])])
     rows = [{**row, "command": command} for row in rows]
-    new = not os.path.exists(path)
+    new = not os.path.exists(path) or os.path.getsize(path) == 0  # (an empty file gets the header too)
     with open(path, "a+", newline="") as f:
         f.seek(0)
         fields = list(rows[0]) if new else next(csv.reader(f))
+        missing = [k for k in rows[0] if k not in fields]
+        if missing:  # an older file: say so, rather than csv's traceback
+            raise SystemExit(f"{path}: its header has no column for {', '.join(missing)}, so the rows were not "
+                             "appended; add the columns to its header, or give a new file to --csv")
         f.seek(0, os.SEEK_END)
         w = csv.DictWriter(f, fieldnames=fields, restval="")
         if new:
