@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/gpu_targets.sh --pack      here: .gpu/ with what the GPU machine lacks (49 MB; git-ignored)
 #   bash benchmarks/gpu_targets.sh --dry-run   here, on the CPU: every part, at toy budgets (nothing measured)
-#   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests fashion-mnist cifar10 streamed
+#   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests fashion-mnist cifar10 streamed ssl
 #
 # The two budgets alone are 8 minutes, so the device tool takes two calls (carry [".gpu"] in both), on one warm
 # machine; the runs first, since a lease's 15 minutes may not reach the end of the second call:
@@ -15,6 +15,13 @@
 # An H200 took (2026-11-28, results/gpu/h200-2026-11-28): its start ~1 min; tests 63 s; Fashion-MNIST 180 s and
 # CIFAR-10 239 s at 4 minutes (planning inside the budget, loading ~15 s beside it); photos 17 s; the streamed
 # B/16's planning 62 s. FM_LIMIT=2 / C10_LIMIT=4 shorten the budgets where less is left.
+#
+# ssl (issue 66's GPU target, not in the default PARTS): self-supervised pre-training (SSL_METHOD: mae, or mpp) of
+# the CIFAR-10 recipe's hybrid for SSL_SHARE (0.4) of C10_LIMIT minutes on every image, then `vitkit train --init`
+# for the rest on SSL_FRACTION (1.0) of the labels: C10_LIMIT minutes in all, against the cifar10 part's default run
+# of the same minutes, in the same call on the same machine (with SSL_FRACTION below 1 the part runs the default on
+# that share itself, ssl-default). Both parts in one call at 4 minutes each (~9 min):
+#   C10_LIMIT=4 bash benchmarks/gpu_targets.sh info cifar10 ssl              (timeout_s 590)
 #
 # .gpu/ holds the wheels the machine's image lacks (webdataset, braceexpand, torchinfo: its torch, torchvision and
 # the rest are there), Fashion-MNIST's four IDX files (30 MB) and CIFAR-10's JPEG folder as one tar.xz (18.5 MB:
@@ -35,6 +42,7 @@ for a in "$@"; do
   esac
 done
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(info tests fashion-mnist cifar10 streamed)
+SSL_METHOD=${SSL_METHOD:-mae}; SSL_SHARE=${SSL_SHARE:-0.4}; SSL_FRACTION=${SSL_FRACTION:-1.0}
 PY=${PYTHON:-python3}
 
 if [ "${MODE:-}" = pack ]; then
@@ -68,11 +76,14 @@ if [ $DRY = 1 ]; then  # toy budgets and models: every command runs end to end i
   FM_LIMIT=0.5; C10_LIMIT=1; PHOTOS=96; S16_COMPILE=false
   STEPS_ARGS="-b 8 --depth 1 --embed-dim 64 --num-heads 1 --precision fp32"
   FM_DATA=${FM_DATA:-/usr/share/datasets/fashion-mnist}
+  # the ssl part's settings set (the planner's timings would take most of a minute's budget on 2 busy cores)
+  SSL_ARGS="-b 16 --precision fp32 --compile false --attention exact --channels-last false --threads 1"
 else  # the streamed steps at set settings (bf16, SDPA, eager): timing every candidate would cost the call a minute
   # the two budgets in minutes (FM_LIMIT / C10_LIMIT set: shorter, for a short lease)
   FM_LIMIT=${FM_LIMIT:-3}; C10_LIMIT=${C10_LIMIT:-5}; PHOTOS=12000; S16_COMPILE=true
   STEPS_ARGS="-b 256 --precision bf16"
   FM_DATA=$PACK/fashion-mnist
+  SSL_ARGS=""  # every setting the planner's
 fi
 STEPS_ARGS="$STEPS_ARGS --compile false --attention sdpa --channels-last false"
 finish() {  # what the runs wrote, without their weights: results.tar.gz
@@ -80,9 +91,21 @@ finish() {  # what the runs wrote, without their weights: results.tar.gz
      -o -name estimate.txt | tar -czf "$OUT/results.tar.gz" -T -) 2>/dev/null
 }
 trap finish EXIT
+cifar10_images() {  # C10: the packed JPEG folder, unpacked once, or (here) the zip
+  if [ -n "${C10_DATA:-}" ]; then C10=$C10_DATA
+  elif [ -f "$PACK/cifar10.tar.xz" ]; then
+    [ -d "$WORK/cifar10" ] || tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; C10="$WORK/cifar10"
+  else C10=../shared/data/cifar10-jpg.zip; fi
+}
+final_line() {  # the last part's "final:" line (none if it failed: not an earlier part's), to its folder
+  # (results.tar.gz) and, named, to the summary
+  local line; line=$(tail -n "+$PART_FROM" "$LOG" | grep "^final:" | tail -1)
+  mkdir -p "$RUNS/$1"; echo "${line:-no final line}" | tee "$RUNS/$1/final.txt" | sed "s/^/$1 /" | tee -a "$SUMMARY"
+}
 run_part() {  # name, command...: its output to the log, its last lines to the summary
   local name=$1; shift
   local t0=$SECONDS
+  PART_FROM=$(($(cat "$LOG" 2>/dev/null | wc -l) + 1))
   echo "== $name: $*" >> "$LOG"
   "$@" >> "$LOG" 2>&1
   local rc=$?
@@ -108,16 +131,29 @@ for part in "${PARTS[@]}"; do
   fashion-mnist)
     run_part fashion-mnist $VITKIT train --dataset fashion-mnist --data-dir "$FM_DATA" --time-limit $FM_LIMIT \
       --output "$RUNS/fashion-mnist" --cache-dir "$WORK/cache"
-    mkdir -p "$RUNS/fashion-mnist"; grep "^final:" "$LOG" | tail -1 | tee "$RUNS/fashion-mnist/final.txt" | tee -a "$SUMMARY" ;;
+    final_line fashion-mnist ;;
   cifar10)
-    if [ -f "$PACK/cifar10.tar.xz" ]; then tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; C10="$WORK/cifar10"
-    else C10=../shared/data/cifar10-jpg.zip; fi
+    cifar10_images
     run_part cifar10 $VITKIT train --dataset folder --data-dir "$C10" --time-limit $C10_LIMIT \
       --output "$RUNS/cifar10" --cache-dir "$WORK/cache"
-    mkdir -p "$RUNS/cifar10"; grep "^final:" "$LOG" | tail -1 | tee "$RUNS/cifar10/final.txt" | tee -a "$SUMMARY" ;;
+    final_line cifar10 ;;
+  ssl)  # the pre-training's final line is its validation loss; the fine-tuning's and ssl-default's, top-1
+    cifar10_images
+    pt_min=$(awk "BEGIN { print $C10_LIMIT * $SSL_SHARE }"); ft_min=$(awk "BEGIN { print $C10_LIMIT - $pt_min }")
+    run_part ssl-pretrain $VITKIT pretrain --method $SSL_METHOD --dataset folder --data-dir "$C10" \
+      --time-limit $pt_min --seed 0 --output "$RUNS/ssl-pretrain" --cache-dir "$WORK/cache" $SSL_ARGS
+    final_line ssl-pretrain
+    run_part ssl-finetune $VITKIT train --dataset folder --data-dir "$C10" --init "$RUNS/ssl-pretrain/best" \
+      --train-fraction $SSL_FRACTION --time-limit $ft_min --seed 0 --output "$RUNS/ssl-finetune" \
+      --cache-dir "$WORK/cache" $SSL_ARGS
+    final_line ssl-finetune
+    if [ "$(awk "BEGIN { print ($SSL_FRACTION < 1) }")" = 1 ]; then
+      run_part ssl-default $VITKIT train --dataset folder --data-dir "$C10" --train-fraction $SSL_FRACTION \
+        --time-limit $C10_LIMIT --seed 0 --output "$RUNS/ssl-default" --cache-dir "$WORK/cache" $SSL_ARGS
+      final_line ssl-default
+    fi ;;
   streamed)  # photo-sized shards from CIFAR-10's images (benchmarks/photo_shards.py says what that costs)
-    if [ -f "$PACK/cifar10.tar.xz" ] && [ ! -d "$WORK/cifar10" ]; then tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; fi
-    src=${PHOTO_SOURCE:-$([ -d "$WORK/cifar10" ] && echo "$WORK/cifar10" || echo ../shared/data/cifar10-jpg.zip)}
+    cifar10_images; src=${PHOTO_SOURCE:-$C10}
     run_part photos $PY benchmarks/photo_shards.py --images "$src" --out "$WORK/photos" --n $PHOTOS
     mkdir -p "$RUNS/streamed-b16" "$RUNS/imagenet-s16"
     run_part streamed-b16 $VITKIT train --dataset shards --data-dir "$WORK/photos" --model vit_base_patch16_224 \
@@ -129,6 +165,6 @@ for part in "${PARTS[@]}"; do
     run_part imagenet-s16 $VITKIT train --recipe imagenet-vit-s16 --data-dir "$WORK/photos" \
       --cache-dir "$WORK/cache" ${STEPS_ARGS/--compile false/--compile $S16_COMPILE} --estimate 1281167
     grep -A3 "^streamed step" "$LOG" | tail -4 | tee "$RUNS/imagenet-s16/estimate.txt" | tee -a "$SUMMARY" ;;
-  *) echo "unknown part $part (info tests fashion-mnist cifar10 streamed)"; exit 2 ;;
+  *) echo "unknown part $part (info tests fashion-mnist cifar10 streamed ssl)"; exit 2 ;;
   esac
 done

@@ -76,12 +76,19 @@ def test_a_run_on_a_gpu_saves_resumes_and_evaluates(tmp_path, gpu):
     assert state["train_images"] == cpu
 
 
-@pytest.mark.parametrize("objective", ["classify", "mae", "mpp"])
+# the recipes' conv-stem hybrids pre-train through their own masked paths (model/masked_stem.py): MAE's stem on each
+# visible cell alone, MPP's stem masked after every layer; a small one of the same shape (conv-BN-ReLU, max-pooling)
+HYBRID = {"hybrid": "conv:8,8,M", "patch_size": 1, "embed_dim": 32, "depth": 1, "num_heads": 2}
+
+
+@pytest.mark.parametrize("objective", ["classify", "mae", "mpp", "mae-hybrid", "mpp-hybrid"])
 def test_a_training_step_waits_for_the_device_once_a_read_not_once_a_step(tmp_path, objective, gpu):
     """No host-device copy in the step (crops, flips and masks drawn on the device; mean and std kept there), and
     the loss read every READ_LOSS_EVERY batches: a GPU's queue is not drained at every step. (On a real GPU: the
-    supervised, MAE and MPP steps run.)"""
-    extra = {} if objective == "classify" else {"objective": objective, "model_args": {"hybrid": "none"}}
+    supervised, MAE and MPP steps run, of the plain ViT and of a conv-stem hybrid.)"""
+    method, _, kind = objective.partition("-")
+    extra = {} if method == "classify" else {"objective": method,
+                                             "model_args": HYBRID if kind == "hybrid" else {"hybrid": "none"}}
     t = Trainer(gpu_config(tmp_path, batch_size=32, crop_padding=1, hflip=True, output=None, **extra), **QUIET)
     if gpu is not None:
         gpu.reset()

@@ -169,8 +169,10 @@ def test_estimate_times_the_streamed_step_against_memory_and_projects_the_hours(
 def test_the_gpu_script_runs_its_parts_end_to_end_on_the_cpu(tmp_path):
     """benchmarks/gpu_targets.sh --dry-run: what a lent GPU will run, at toy budgets, so the device's few minutes are
     not spent on a script's bug. The streamed part here (photos from real digits, ViT-B/16 and the ImageNet
-    recipe at 224 px, shrunk)."""
+    recipe at 224 px, shrunk), and issue 66's ssl part (MAE of the CIFAR-10 recipe's hybrid, its fine-tuning and the
+    default run beside it, on real digits at CIFAR-10's 32x32x3, which choose that recipe)."""
     import os
+    import re
     import subprocess
     import sys
     import tarfile
@@ -180,15 +182,26 @@ def test_the_gpu_script_runs_its_parts_end_to_end_on_the_cpu(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
-           "PHOTO_SOURCE": str(write_digits_folder(tmp_path / "digits", mode="RGB"))}
-    r = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_targets.sh"), "--dry-run", "info", "streamed"],
-                       env=env, capture_output=True, text=True, timeout=600)
+           "PHOTO_SOURCE": str(write_digits_folder(tmp_path / "digits", mode="RGB")),
+           "C10_DATA": str(write_digits_folder(tmp_path / "digits32", size=32, mode="RGB")), "SSL_FRACTION": "0.5"}
+    r = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_targets.sh"), "--dry-run", "info", "streamed", "ssl"],
+                       env=env, capture_output=True, text=True, timeout=900)
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "photos: exit 0" in summary and "streamed-b16: exit 0" in summary and "imagenet-s16: exit 0" in summary
     assert summary.count("the same step on images in memory") == 2 and "90 epochs of 1,281,167 images" in summary
+    for part in ("ssl-pretrain", "ssl-finetune", "ssl-default"):
+        assert f"{part}: exit 0" in summary, summary
+    assert re.search(r"^ssl-pretrain final: val_loss=\d", summary, re.M), summary
+    assert re.search(r"^ssl-finetune final: val_top1=\d", summary, re.M), summary
+    assert re.search(r"^ssl-default final: val_top1=\d", summary, re.M), summary
+    log = (tmp_path / "out" / "log.txt").read_text()
+    assert "a self-supervised encoder, fine-tuned as MAE's are" in log  # the pre-training's weights, its recipe
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as t:
-        assert {"runs/streamed-b16/estimate.txt", "runs/imagenet-s16/estimate.txt"} <= set(t.getnames())
+        names = set(t.getnames())
+        assert {"runs/streamed-b16/estimate.txt", "runs/imagenet-s16/estimate.txt"} <= names
+        assert {f"runs/{p}/{f}" for p in ("ssl-pretrain", "ssl-finetune", "ssl-default")
+                for f in ("final.txt", "plan.json", "metrics.jsonl")} <= names
 
 
 def test_photo_crops_need_the_size_they_cut_to_before_any_file_is_read():
