@@ -22,6 +22,8 @@
 # of the same minutes, in the same call on the same machine (with SSL_FRACTION below 1 the part runs the default on
 # that share itself, ssl-default). Both parts in one call at 4 minutes each (~9 min):
 #   C10_LIMIT=4 bash benchmarks/gpu_targets.sh info cifar10 ssl              (timeout_s 590)
+# (C10_LIMIT=3.5 where less is left.) C10_DATA: another folder of 32x32 RGB images in CIFAR-10's place (the dry run's
+# test gives real digits).
 #
 # .gpu/ holds the wheels the machine's image lacks (webdataset, braceexpand, torchinfo: its torch, torchvision and
 # the rest are there), Fashion-MNIST's four IDX files (30 MB) and CIFAR-10's JPEG folder as one tar.xz (18.5 MB:
