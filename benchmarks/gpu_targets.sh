@@ -99,9 +99,11 @@ cifar10_images() {  # C10: the packed JPEG folder, unpacked once, or (here) the 
     [ -d "$WORK/cifar10" ] || tar -C "$WORK" -xJf "$PACK/cifar10.tar.xz"; C10="$WORK/cifar10"
   else C10=../shared/data/cifar10-jpg.zip; fi
 }
-final_line() {  # the last part's "final:" line (none if it failed: not an earlier part's), to its folder
-  # (results.tar.gz) and, named, to the summary
-  local line; line=$(tail -n "+$PART_FROM" "$LOG" | grep "^final:" | tail -1)
+part_log() {  # what the last part wrote to the log: a part that failed shows nothing, not an earlier part's lines
+  tail -n "+$PART_FROM" "$LOG"
+}
+final_line() {  # the last part's "final:" line, to its folder (results.tar.gz) and, named, to the summary
+  local line; line=$(part_log | grep "^final:" | tail -1)
   mkdir -p "$RUNS/$1"; echo "${line:-no final line}" | tee "$RUNS/$1/final.txt" | sed "s/^/$1 /" | tee -a "$SUMMARY"
 }
 run_part() {  # name, command...: its output to the log, its last lines to the summary
@@ -161,12 +163,12 @@ for part in "${PARTS[@]}"; do
     run_part streamed-b16 $VITKIT train --dataset shards --data-dir "$WORK/photos" --model vit_base_patch16_224 \
       --img-size 224 --data-mode stream --inception-crop 0.08 --crop-pct 0.875 --hflip --cache-dir "$WORK/cache" \
       $STEPS_ARGS --estimate
-    grep -A3 "^streamed step" "$LOG" | tail -4 | tee "$RUNS/streamed-b16/estimate.txt" | tee -a "$SUMMARY"
+    part_log | grep -A3 "^streamed step" | tail -4 | tee "$RUNS/streamed-b16/estimate.txt" | tee -a "$SUMMARY"
     # the S/16 target is a compiled step's (>= 7,700 img/s in memory): compiled there, the JPEGs decoded as auto
     # decides (on the GPU); the B/16 line above keeps the eager step of the earlier logs, for comparison
     run_part imagenet-s16 $VITKIT train --recipe imagenet-vit-s16 --data-dir "$WORK/photos" \
       --cache-dir "$WORK/cache" ${STEPS_ARGS/--compile false/--compile $S16_COMPILE} --estimate 1281167
-    grep -A3 "^streamed step" "$LOG" | tail -4 | tee "$RUNS/imagenet-s16/estimate.txt" | tee -a "$SUMMARY" ;;
+    part_log | grep -A3 "^streamed step" | tail -4 | tee "$RUNS/imagenet-s16/estimate.txt" | tee -a "$SUMMARY" ;;
   *) echo "unknown part $part (info tests fashion-mnist cifar10 streamed ssl)"; exit 2 ;;
   esac
 done
