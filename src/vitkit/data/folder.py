@@ -155,10 +155,11 @@ def estimate_decoded(reader: Reader, names: list[str], prep: Prepare, sample: in
                      ) -> tuple[tuple[int, tuple[int, int], int], float]:
     """(images, (H, W) kept, channels) of ``names`` before decoding them, from the headers of up to ``sample`` files
     spread over them (stream.header: no pixel decoded), kept by the listing's own rule (stream.kept); and the
-    seconds listing every header would take at the pace these were read."""
+    seconds listing every header would take at the pace these were read, once the reader is open."""
     sizes: Counter = Counter()
     gray = True
     picked = names[::max(1, len(names) // sample)][:sample]
+    _warm(reader, picked, lambda data, where: header(data, where))
     started = time.perf_counter()
     for n in picked:
         try:
@@ -174,24 +175,41 @@ def estimate_decoded(reader: Reader, names: list[str], prep: Prepare, sample: in
     return (len(names), prep.size, channels), listing_s  # type: ignore[return-value]
 
 
-DECODE_SAMPLE = 8  # images decoded to time a decode into memory (the headers' sample is 256: they are cheap)
+def _warm(reader: Reader, picked: list[str], use: Callable[[bytes, str], Any]) -> None:
+    """One file read and used, untimed, before a timed sample: the first read opens a zip (its central directory:
+    0.39 s for CIFAR-10's 60,000 members) and imports PIL's plugins, and counted once in 256 it made that zip's
+    ~2.5 s listing "~97 s", so a 1-minute run refused it and a 5-minute one streamed it."""
+    for n in picked[:1]:
+        try:
+            use(reader.read(n), reader.where(n))
+        except BadImageError:
+            pass
+
+
+DECODE_SAMPLE = 32  # images decoded to time a decode into memory, at most (the headers' sample is 256: cheap) ...
+DECODE_SAMPLE_S = 0.5  # ... or fewer, once this many seconds of decoding have passed (large photos)
 DECODE_SHARE = 1 / 3  # under --time-limit, --data-mode auto streams a dataset whose decode into memory would take
 # more than this share of the budget: a 1-minute run on 16,356 photos spent 40 s decoding them and was then refused,
 # where streamed it decodes only what its steps read (in workers, beside the step)
 
 
 def decode_seconds(reader: Reader, names: list[str], prep: Prepare, size: tuple[int, int], channels: int) -> float:
-    """Seconds decoding all of ``names`` into memory would take, timed on ``DECODE_SAMPLE`` of them spread over the
-    list (an unreadable one counts its failed read)."""
+    """Seconds decoding all of ``names`` into memory would take, timed on up to ``DECODE_SAMPLE`` of them spread
+    over the list after one untimed (an unreadable one counts its failed read). Eight of them, the first one's
+    plugin import included, said 18-90 s for CIFAR-10's 60,000 32x32 JPEGs, whose decode takes 8.2 s."""
     picked = names[::max(1, len(names) // DECODE_SAMPLE)][:DECODE_SAMPLE]
     p = dataclasses.replace(prep, size=size)
-    started = time.perf_counter()
+    _warm(reader, picked, lambda data, where: p.array(data, where, channels))
+    started, timed = time.perf_counter(), 0
     for n in picked:
         try:
             p.array(reader.read(n), reader.where(n), channels)
         except BadImageError:
             pass
-    return (time.perf_counter() - started) / max(1, len(picked)) * len(names)
+        timed += 1
+        if time.perf_counter() - started > DECODE_SAMPLE_S:
+            break
+    return (time.perf_counter() - started) / max(1, timed) * len(names)
 
 
 def mode_within_budget(path: str, mode: str, auto: bool, budget_s: float, listing_s: float,
