@@ -223,6 +223,12 @@ def stop_grace_s(batch_seconds: float | None) -> float:
     return STOP_GRACE_S + 2 * (batch_seconds or 0.0)
 
 
+def epochs_text(result: Any) -> str:
+    """The epochs a run trained, as a fraction where it ended mid-epoch: ``40``, ``0.14``, ``12.5``."""
+    epochs = result.epochs_trained if result.epochs_trained is not None else result.epochs
+    return f"{epochs:.0f}" if abs(epochs - round(epochs)) < 0.005 else f"{epochs:.2f}"
+
+
 def _command(args: argparse.Namespace) -> str:
     """The command as the user typed it, for its one-line errors (``vitkit pretrain`` runs this one too)."""
     return "vitkit pretrain" if getattr(args, "objective", "classify") not in (None, "classify") else "vitkit train"
@@ -279,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     except FileExistsError as e:
         print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 2
-    cfg, the_plan = make_plan(cfg, data, recipe, say, start)
+    cfg, the_plan = make_plan(cfg, data, recipe, say, start, in_run=True)
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
@@ -330,5 +336,6 @@ def run(args: argparse.Namespace) -> int:
     if result.stopped_early:
         return 128 + (signals[0] if signals else signal.SIGTERM)
     if rank == 0:
-        print(f"final: {final(result.val_top1)} epochs={result.epochs} elapsed_s={result.elapsed_s:.1f}")
+        print(f"final: {final(result.val_top1)} epochs={epochs_text(result)} steps={result.steps} "
+              f"elapsed_s={result.elapsed_s:.1f}")
     return 0

@@ -221,5 +221,5 @@ def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:
     """The attention implementation and the memory layout of the conv weights (a hybrid's stem, the patch
     embedding's E) a run trains with."""
     set_attention(model, attention)
-    if channels_last:
-        model.to(memory_format=torch.channels_last)  # moves only 4-D tensors
+    # (moves only 4-D tensors; back to the default layout too: the run's first steps may time both, training/tune.py)
+    model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -67,10 +67,11 @@ def compile_gain(device: torch.device) -> tuple[float, str]:
     return COMPILE_GAIN_PRIOR.get(device.type, COMPILE_GAIN), f"the prior for a {device.type} device"
 
 
-def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Any,
-                    start_time: float, refresh: bool, cal: Calibration | None) -> tuple[bool, str]:
-    if device.type == "cpu" and not has_cxx_compiler():
-        return False, "compile: off (no C++ compiler for Inductor's CPU kernels)"
+def _compile_outlook(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
+                     start_time: float, refresh: bool, cal: Calibration | None
+                     ) -> tuple[dict[str, Any], Calibration | None, float, float, str | None]:
+    """(the compile's workload, its cached timing, the run's seconds, the compile's seconds, and why a compile is
+    not worth timing, or None where it is)."""
     workload = {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
     known = None if refresh else cached(device, workload)
     eager_s = (cal.seconds_of(**chosen) if cal is not None else None)
@@ -83,9 +84,26 @@ def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], d
     prior = COMPILE_PRIOR_S.get(device.type, COMPILE_PRIOR_S["cpu"])
     compile_s = known.extra.get("compile_s", prior) if known else prior
     gain, whose = compile_gain(device)
+    if device.type == "cpu" and not has_cxx_compiler():
+        return workload, known, run_s, compile_s, "compile: off (no C++ compiler for Inductor's CPU kernels)"
     if not compile_worth_timing(run_s, compile_s, gain):
-        return False, (f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best "
-                       f"gain, {gain:.2f}x, {whose}; --compile to compile anyway)")
+        return workload, known, run_s, compile_s, (
+            f"compile: off (a run of ~{run_s:.0f} s cannot repay a ~{compile_s:.0f} s compile at the best gain, "
+            f"{gain:.2f}x, {whose}; --compile to compile anyway)")
+    return workload, known, run_s, compile_s, None
+
+
+def would_time_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
+                       start_time: float, refresh: bool, cal: Calibration | None) -> bool:
+    """Whether ``decide_compile`` would go on to a compiled step (cached or timed) rather than say off at once."""
+    return _compile_outlook(cfg, probe, chosen, device, start_time, refresh, cal)[-1] is None
+
+
+def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Any,
+                    start_time: float, refresh: bool, cal: Calibration | None) -> tuple[bool, str]:
+    workload, known, run_s, compile_s, off = _compile_outlook(cfg, probe, chosen, device, start_time, refresh, cal)
+    if off is not None:
+        return False, off
     if known is None:
         known = _time_compile(probe, chosen, device)
         store_unless_loaded(device, workload, known)

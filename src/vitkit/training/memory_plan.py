@@ -310,7 +310,7 @@ def check_weights_fit(cfg: TrainConfig, config: ViTConfig, memory: Memory | None
         return
     with torch.device("meta"):
         params = sum(p.numel() for p in VisionTransformer(config).parameters())
-    need = params * 4 * (3 + _moments(cfg)) + RESERVE  # fp32: the model, the probe's copy, gradients, moments
+    need = params * 4 * (3 + optimizer_moments(cfg)) + RESERVE  # fp32: the model, the probe's copy, gradients, moments
     if need > room_for_this_process(memory):
         raise ValueError(f"out of memory before the first step: {cfg.model} ({params:,} parameters) needs at least "
                          f"{need / MiB:,.0f} MiB for its weights, a copy the planner times, the gradients and the "
@@ -357,8 +357,8 @@ def _param_bytes(model: torch.nn.Module) -> int:
 
 def _state_bytes(model: torch.nn.Module, cfg: TrainConfig) -> int:
     """The model and its optimizer's state (AdamW: two moments; SGD: the momentum; Muon: its momentum)."""
-    return _param_bytes(model) * (1 + _moments(cfg))
+    return _param_bytes(model) * (1 + optimizer_moments(cfg))
 
 
-def _moments(cfg: TrainConfig) -> int:
+def optimizer_moments(cfg: TrainConfig) -> int:
     return 2 if cfg.opt == "adamw" else 1

@@ -31,6 +31,15 @@ class RunLog:
         self.log = log
         self.writer: Any = None
         self.locked: Path | None = None
+        self.wrote_plan = False  # this part of the run wrote plan.json (a resumed run keeps its first part's)
+
+    def replan(self, config: dict[str, Any], plan: Any) -> None:
+        """The config and plan again, once the run's first steps have decided what the planner left to them."""
+        if self.out is None or not self.out.is_dir():
+            return
+        (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        if self.wrote_plan:
+            plan.save(self.out)
 
     def open(self, config: dict[str, Any], plan: Any = None) -> None:
         """Create the folder, write the resolved config and the plan (``plan.json``: how each ``auto`` was decided)
@@ -42,6 +51,7 @@ class RunLog:
         (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         if plan is not None and not (self.out / "plan.json").exists():
             plan.save(self.out)
+            self.wrote_plan = True
         try:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard (≈1 s): only for a run folder
 

@@ -27,19 +27,26 @@ from ..model.serialization import CONFIG_NAME
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
+from ..runtime.calibrate import store_unless_loaded
 from ..runtime.precision import autocast_for, matmul_precision
+from ..runtime.threads import OtherLoad, usable_cores
 from .budget import EVAL_SHARE, TimeBudget
-from .build import augment_for, build_data, build_model, for_run, model_for_training, preprocessing_for, resident
+from .build import (apply_layout, augment_for, build_data, build_model, for_run, model_for_training,
+                    preprocessing_for, resident)
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
 from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
+from .tune import SETTINGS as TUNED, StepTuner
 from .runlog import RunLog
 from .ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
 
 READ_LOSS_EVERY = 16  # batches between two reads of the loss on an accelerator (each read waits for the device)
+TUNE_BUDGET_SHARE = 0.3  # the run's first steps decide its settings for at most this share of a time budget (they
+# train all the same; a candidate twice the best pace is dropped)
+PROGRESS_EVERY_S = 30.0  # where no progress bar is drawn (a log that is not a terminal), a line this often
 
 
 # A classifier whose training loss is still a uniform guess's (ln C: whatever the labels' smoothing or mixing, a guess
@@ -62,6 +69,7 @@ class RunResult:
     elapsed_s: float
     stopped_early: bool
     output: Path | None
+    epochs_trained: float | None = None  # epochs as a fraction (a budget that ended mid-epoch: 0.14)
 
 
 class Trainer:
@@ -71,8 +79,9 @@ class Trainer:
                  start_time: float | None = None, progress: bool = True, plan_: Plan | None = None) -> None:
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
         self.data = for_run(cfg, data or build_data(cfg))
-        if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py)
-            cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time)
+        if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py), or
+            # on the run's own first steps where it leaves them to the run (training/tune.py)
+            cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time, in_run=True)
         self.cfg, self.log, self.plan = cfg, log, plan_
         self.rank, self.world = rank_and_world()
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
@@ -96,6 +105,8 @@ class Trainer:
             self.data.train.device_decode = self.data.val.device_decode = cfg.decode == "device" and not cfg.naflex
         self._build()
         self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
+        self.tuner = self._tuner()
+        self._tune_t0: float | None = None  # when the optimizer step being timed for the tuner began
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         batches = len(self.sampler) // cfg.batch_size  # whole batches an epoch, per process
         if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
@@ -124,6 +135,9 @@ class Trainer:
         # would wait for the queued work at each read
         self.read_every = 1 if self.device.type == "cpu" else READ_LOSS_EVERY
         self.epoch, self.step, self.batch_in_epoch, self.best_top1, self.last_top1 = 0, 0, 0, -math.inf, 0.0
+        # epochs as a fraction of the batches trained (the epoch counter counts one a budget ended early: 56 steps of
+        # a 390-step epoch said "epochs=1")
+        self.epochs_trained = 0.0
         self.evaluated_at = 0  # the epoch of the last evaluation
         self.stall_checked = False  # whether the loss was compared with a uniform guess's (_check_learning)
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
@@ -149,7 +163,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.module, cfg)
         self.ema = AveragedModel(self.module, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
             if cfg.model_ema else None
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        tuning = self.plan.tuning if self.plan is not None else None
+        fp16 = self.precision == "fp16" or "fp16" in ((tuning or {}).get("options") or {}).get("precision", [])
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=fp16)
 
     # ------------------------------------------------------------------------------------------ state
     def _rng_state(self) -> dict[str, Any]:
@@ -166,7 +182,7 @@ class Trainer:
         return {"model": self.module.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng_ranks[0],
                 "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "epoch_loss": self.epoch_loss,
+                "epoch_loss": self.epoch_loss, "epochs_trained": self.epochs_trained,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity()}
 
@@ -187,6 +203,9 @@ class Trainer:
             self.log(f"--precision fp16: the run was saved without a loss scale (not in fp16); it starts at "
                      f"{self.scaler.get_scale():g}")
         self.epoch, self.step, self.batch_in_epoch = s["epoch"], s["step"], s["batch_in_epoch"]
+        trained = s.get("epochs_trained")  # (none in a run saved by an older vitkit: its whole epochs and batches)
+        self.epochs_trained = float(trained) if isinstance(trained, (int, float)) and not isinstance(trained, bool) \
+            else self.epoch + self.batch_in_epoch / (self.steps_per_epoch * self.cfg.grad_accum)
         self.evaluated_at = self.epoch - self.epoch % self.cfg.eval_every
         self._set_rng_state(s)
         self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
@@ -287,12 +306,103 @@ class Trainer:
                                f"as they were. Lower {'--blr' if self.cfg.blr is not None else '--lr'}, add "
                                "--clip-grad, or use --precision fp32.")
 
+    # ------------------------------------------------------------------------------------------ deciding while training
+    def _tuner(self) -> StepTuner | None:
+        """The tuner of the settings the planner left to the run's first steps (``Plan.tuning``): one process, an
+        eager step (a compiled or DDP-wrapped model keeps the settings it was built with)."""
+        tuning = self.plan.tuning if self.plan is not None else None
+        if not tuning or self.world > 1 or self.cfg.compile:
+            return None
+        self._matmul_before = torch.get_float32_matmul_precision()
+        self._layout = (self.cfg.attention, self.cfg.channels_last)
+        self._load = OtherLoad().__enter__()  # whether others held the cores while the settings were timed
+        return StepTuner(tuning["start"], tuning["options"], tuning["threads"])
+
+    def _apply_settings(self, s: dict[str, Any]) -> None:
+        """The step's settings for the steps that follow: threads, precision, attention path and layout."""
+        if s.get("threads") and s["threads"] != torch.get_num_threads():
+            torch.set_num_threads(s["threads"])
+        self.precision = s["precision"]
+        torch.set_float32_matmul_precision("high" if self.precision == "tf32" else self._matmul_before)
+        if (s["attention"], s["channels_last"]) != self._layout:
+            apply_layout(self.module, s["attention"], s["channels_last"])
+            self._layout = (s["attention"], s["channels_last"])
+
+    def _say_progress(self, loss: float, img_s: float) -> None:
+        """One line of how the run is going, for a log that is not a terminal (no progress bar there)."""
+        self._said_at = time.time()
+        elapsed = self.elapsed()
+        if self.budget:
+            left = max(0.0, self.budget.seconds - elapsed)
+            share = f", {elapsed / (self.cfg.time_limit * 60):.0%} of the {self.cfg.time_limit:g}-minute budget"
+        else:
+            pace = self.batch_seconds or 0.0
+            left = (self.total_steps - self.step) * self.cfg.grad_accum * pace
+            share = ""
+        self.log(f"step {self.step}/{self.total_steps} (epoch {self.epoch + 1}): loss {loss:.4f}, {img_s:.0f} img/s"
+                 f"{share}, ~{left:.0f} s left")
+
+    def _tune_before_step(self) -> None:
+        """Before an optimizer step while the tuner decides: its settings, and the clock. The tuning ends early
+        where it has taken ``TUNE_BUDGET_SHARE`` of a time budget."""
+        assert self.tuner is not None
+        if self.budget and self.tuner.seconds > TUNE_BUDGET_SHARE * self.budget.seconds:
+            self.tuner.stop()
+        s = self.tuner.next()
+        if s is None:
+            self._tuned()
+            return
+        self._apply_settings(s)
+        self._tune_t0 = time.perf_counter()
+
+    def _tune_after_step(self) -> None:
+        assert self.tuner is not None and self._tune_t0 is not None
+        if self.device.type == "cuda":  # the step's kernels are queued: its time is when they end
+            torch.cuda.synchronize(self.device)
+        self.tuner.record(time.perf_counter() - self._tune_t0)
+        self._tune_t0 = None
+        if self.tuner.done:
+            self._tuned()
+
+    def _tuned(self) -> None:
+        """The tuning is over: the run trains on with the chosen settings, and its plan (plan.json, config.yaml,
+        the cache) says what they are and how they were timed."""
+        tuner, self.tuner, self._tune_t0 = self.tuner, None, None
+        assert tuner is not None
+        tuner.stop()
+        chosen = tuner.chosen
+        self._apply_settings(chosen)
+        self.cfg = TrainConfig.from_dict({**self.cfg.to_dict(), **{k: chosen[k] for k in TUNED}})
+        self.first_step = self.step  # the budget's pace is measured from here, at the chosen settings
+        if self.scaler.is_enabled() and self.precision != "fp16":  # (enabled for an fp16 candidate)
+            self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
+        self._load.__exit__(None, None, None)
+        tuning, p = self.plan.tuning, self.plan
+        cal = tuner.calibration(f"{tuning['what']}; timed on the run's first steps, each of which trained")
+        if cal is not None:
+            if self._load.contended(torch.get_num_threads()):
+                cal.extra["other_load_cores"] = round(self._load.cores, 2)
+            p.calibrations.append(cal)
+            if tuning.get("workload") and len(tuner.phases) > (1 if tuning["threads"] else 0):
+                store_unless_loaded(self.device, {**tuning["workload"], "candidates": tuning["candidates"]}, cal)
+        if (line := tuner.threads_line(usable_cores())) is not None:
+            p.notes.append(line)
+        p.notes += tuner.lines()
+        p.chosen.update({k: chosen[k] for k in TUNED}, threads=torch.get_num_threads())
+        p.tuned = {"steps": tuner.steps, "seconds": round(tuner.seconds, 2), "excess_s": round(tuner.excess_s, 2)}
+        if self.is_main:
+            for line in tuner.lines():
+                self.log(line)
+            self.log(" chosen: " + ", ".join(f"{k} {v}" for k, v in p.chosen.items()))
+        self.runlog.replan(self.cfg.to_dict(), p)
+
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
         """One epoch (or what is left of it after a resume); returns (the epoch's mean loss, images per second)."""
         cfg = self.cfg
         if self.batch_in_epoch == 0:
             self.epoch_loss = [0.0, 0]
+        first_batch = self.batch_in_epoch
         self.train_model.train()
         self.sampler.set_epoch(self.epoch)
         indices = list(iter(self.sampler))[: self.steps_per_epoch * cfg.grad_accum * cfg.batch_size]
@@ -310,6 +420,8 @@ class Trainer:
         for x, y in it:
             if self.step >= self.total_steps:
                 break
+            if self.tuner is not None and self.batch_in_epoch % cfg.grad_accum == 0:
+                self._tune_before_step()
             x, target = self.augment(x, y, train=True, generator=self.gen)
             with autocast_for(self.device, self.precision):
                 loss = self.objective.loss(self.train_model, x, target, self.gen)
@@ -326,6 +438,8 @@ class Trainer:
             seen += len(y)
             self.batch_seconds, t_batch = time.time() - t_batch, time.time()
             bar.update(1)
+            if read and not self.progress and self.is_main and time.time() - self._said_at >= PROGRESS_EVERY_S:
+                self._say_progress(lv, seen * self.world / max(time.time() - t0, 1e-6))
             if read:
                 bar.set_postfix(loss=f"{lv:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
                                 img_s=f"{seen * self.world / max(time.time() - t0, 1e-6):.0f}", refresh=False)
@@ -337,6 +451,7 @@ class Trainer:
             if any_rank(self.stop_requested, self.device):
                 self.stop_requested = True
         bar.close()
+        self.epochs_trained += (self.batch_in_epoch - first_batch) / (self.steps_per_epoch * cfg.grad_accum)
         return self.epoch_loss[0] / max(self.epoch_loss[1], 1), seen * self.world / max(time.time() - t0, 1e-6)
 
     def _read_loss(self, pending: torch.Tensor, n: int) -> float:
@@ -363,7 +478,9 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.module)
         self.step += 1
-        if self.budget:
+        if self._tune_t0 is not None:
+            self._tune_after_step()
+        if self.budget and self.tuner is None:  # (the pace is measured from the settings the run trains with)
             self._set_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
 
     def _eval_due(self) -> bool:
@@ -434,6 +551,7 @@ class Trainer:
 
     def fit(self) -> RunResult:
         self.runlog.open(self.cfg.to_dict(), self.plan)
+        self._said_at = time.time()  # the last progress line (for a log that is not a terminal)
         if self.is_main:
             self._announce()
         try:
@@ -444,9 +562,12 @@ class Trainer:
                 raise
             self.runlog.close()
             raise ValueError(self._what_did_not_fit()) from None
+        finally:
+            if hasattr(self, "_matmul_before"):  # a tuned run set it as its settings changed
+                torch.set_float32_matmul_precision(self._matmul_before)
         self.runlog.close()
         return RunResult(self.last_top1, self.best_top1, self.epoch, self.step, self.elapsed(),
-                         self.stop_requested, self.out)
+                         self.stop_requested, self.out, round(self.epochs_trained, 4))
 
     def _what_did_not_fit(self) -> str:
         """One line for an out-of-memory error in training or evaluation: what did not fit and what to lower."""
@@ -487,6 +608,8 @@ class Trainer:
                     self._save("last")  # with the final top-1 in its training state
             self._log_epoch(train_loss, img_s, metrics)
             self._check_learning(train_loss)
+        if self.tuner is not None:  # the run ended (or stopped) before its settings were all decided
+            self._tuned()
         if self.stop_requested:
             self._save("last")
             if self.is_main:

@@ -1,0 +1,247 @@
+"""Deciding while training: the run's first steps are the timings of its ``auto`` settings, and each of them trains.
+
+Timing the candidates up front cost a 5-minute CIFAR-10 run 15-33 s on a quiet 2-core machine and 110-186 s beside
+another job (issue 79), seconds in which nothing trained; and the steps timed there were not the steps the run then
+trained at. Here the trainer asks ``StepTuner.next()`` for the settings of its next optimizer step, trains it with
+them, and reports its seconds (``record``). The settings are decided one at a time, the others held at the best so
+far: the thread count first (on a shared machine it decides how fast everything else runs), then the precision,
+the attention path and the conv weights' layout. Each candidate's first step warms it up (oneDNN builds its
+primitives) and is not counted; then the candidates are timed round-robin, so that a neighbour's load falls on all
+of them alike, and one ``FIRST_CUT`` times slower than the best is dropped after its first timed step (``CUT``
+after the later ones; already at its warm-up where that took ``WARM_CUT`` times the best timed step: an emulated
+bf16 costs one slow step, not four).
+
+A run's master weights, optimizer state and data are the same under every candidate (autocast, the attention
+kernel, the weights' memory format and the thread count change how a step computes, not what it learns), so the
+tuning steps are ordinary training steps. What they cost is only how much slower the candidates that lost were
+than the one chosen (``excess_s``), which the plan reports.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Generator
+
+from ..runtime.calibrate import CUT, Calibration, Timing
+from ..runtime.threads import pick
+
+ROUNDS = 3  # timed steps per candidate at most (round-robin)
+WARM_CUT = 3.0  # a candidate whose warm-up step took this many of the best timed step is dropped without timing
+# after its first timed step a candidate is dropped only this far behind (CUT after the later ones): a step's second
+# call can still be warming up (the CIFAR-10 hybrid's bf16 sdpa step: 599, 615, then 439-398 ms)
+FIRST_CUT = 2.0
+# what a candidate that loses can cost, in steps of the winner's pace: its warm-up and first timed step at up to
+# FIRST_CUT times it, and ROUNDS - 1 more at up to CUT times it (the planner's repay test, training/plan.py)
+WORST_STEPS = round(2 * (FIRST_CUT - 1) + (ROUNDS - 1) * (CUT - 1) + 0.49)
+SETTINGS = ("precision", "attention", "channels_last")  # the step's settings, in the order they are decided
+
+
+@dataclass
+class _Candidate:
+    value: Any
+    warm: float | None = None
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return not self.note
+
+
+@dataclass
+class Phase:
+    """One setting's candidates (``key``: "threads" or one of ``SETTINGS``), timed with the others held."""
+
+    key: str
+    candidates: list[_Candidate]
+    held: dict[str, Any]  # the other settings while this one was timed
+    chosen: Any = None
+
+
+class StepTuner:
+    """The settings of the run's next steps while its ``auto`` settings are being decided (``next``), their timings
+    (``record``), and once ``done``, what was chosen (``chosen``) and how (``lines``, ``calibration``)."""
+
+    def __init__(self, start: dict[str, Any], options: dict[str, list[Any]], threads: list[int] | None = None,
+                 rounds: int = ROUNDS) -> None:
+        """``start``: the settings the run starts with (``SETTINGS`` and ``threads``); ``options``: for each setting
+        left ``auto``, its candidates (the start's value among them); ``threads``: the thread counts to time, or
+        None where the count is given."""
+        self.current = dict(start)
+        self.rounds = rounds
+        keys = (["threads"] if threads and len(threads) > 1 else []) + [k for k in SETTINGS
+                                                                       if len(options.get(k, [])) > 1]
+        self.options = {**{k: list(v) for k, v in options.items()}, **({"threads": list(threads)} if threads else {})}
+        self.keys = keys
+        self.phases: list[Phase] = []
+        self.steps = 0  # steps taken under the tuner
+        self.seconds = 0.0  # what they took
+        self._pending: float | None = None
+        self._plan = self._schedule()
+        self._next = self._advance()
+
+    # ------------------------------------------------------------------------------------------ the trainer's side
+    @property
+    def done(self) -> bool:
+        return self._next is None
+
+    def next(self) -> dict[str, Any] | None:
+        """The settings of the next step, or None: the tuning is over (``chosen``)."""
+        return dict(self._next) if self._next is not None else None
+
+    def record(self, seconds: float) -> None:
+        """The step ``next`` gave the settings of took ``seconds``."""
+        if self._next is None:
+            return
+        self.steps += 1
+        self.seconds += seconds
+        self._pending = seconds
+        self._next = self._advance()
+
+    def stop(self) -> None:
+        """End the tuning now (the run is ending, or the budget cannot afford more): the best so far is kept."""
+        if self.phases and self.phases[-1].chosen is None:
+            self._decide(self.phases[-1])
+        self._next = None
+
+    @property
+    def chosen(self) -> dict[str, Any]:
+        return dict(self.current)
+
+    # ------------------------------------------------------------------------------------------ the schedule
+    def _advance(self) -> dict[str, Any] | None:
+        try:
+            return next(self._plan)
+        except StopIteration:
+            return None
+
+    def _timed(self, phase: Phase, c: _Candidate) -> Generator[dict[str, Any], None, float]:
+        """Yields the settings of one step of candidate ``c``; returns its seconds."""
+        yield {**phase.held, phase.key: c.value}
+        assert self._pending is not None
+        seconds, self._pending = self._pending, None
+        return seconds
+
+    def _schedule(self) -> Generator[dict[str, Any], None, None]:
+        for key in self.keys:
+            phase = Phase(key, [_Candidate(v) for v in self._ordered(key)], dict(self.current))
+            self.phases.append(phase)
+            for c in phase.candidates:  # round 1: each one's warm-up, then its first timed step
+                # (the value held from the phase before is warm: its steps there were its warm-up)
+                if not (self.phases[0] is not phase and c.value == self.current.get(key)):
+                    c.warm = yield from self._timed(phase, c)
+                best = _best_timed(phase)
+                if c.warm is not None and best is not None and c.warm > WARM_CUT * best:
+                    c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms vs {best * 1e3:.0f} ms)"
+                    continue
+                c.samples.append((yield from self._timed(phase, c)))
+            self._cut(phase, FIRST_CUT)
+            for _ in range(self.rounds - 1):
+                alive = [c for c in phase.candidates if c.alive]
+                if len(alive) < 2:
+                    break
+                for c in alive:
+                    c.samples.append((yield from self._timed(phase, c)))
+                self._cut(phase)
+            self._decide(phase)
+
+    def _ordered(self, key: str) -> list[Any]:
+        """The candidates of ``key``, the value the run holds now first (it is warm: its first step is the run's)."""
+        values = self.options[key]
+        now = self.current.get(key)
+        return ([now] if now in values else []) + [v for v in values if v != now]
+
+    @staticmethod
+    def _cut(phase: Phase, cut: float = CUT) -> None:
+        best = _best_timed(phase)
+        for c in phase.candidates:
+            if c.alive and c.samples and best is not None and min(c.samples) > cut * best:
+                c.note = f"cut after {len(c.samples)} step{'s' if len(c.samples) > 1 else ''}"
+
+    def _decide(self, phase: Phase) -> None:
+        timed = [c for c in phase.candidates if c.samples]
+        if not timed:
+            phase.chosen = self.current.get(phase.key)
+            return
+        if phase.key == "threads":  # the fewest threads within 10% of the fastest (threads.pick: they share better)
+            phase.chosen = pick({c.value: min(c.samples) for c in timed})
+        else:
+            phase.chosen = min(timed, key=lambda c: _pace(c.samples)).value
+        self.current[phase.key] = phase.chosen
+
+    # ------------------------------------------------------------------------------------------ what was decided
+    @property
+    def excess_s(self) -> float:
+        """Seconds the tuning steps took beyond what as many steps of the chosen settings would have (the warm-up of
+        the first candidate, which the run's first step pays anyway, not counted)."""
+        pace = self.pace()
+        return max(0.0, self.seconds - self.steps * pace) if pace else 0.0
+
+    def pace(self) -> float | None:
+        """Seconds a step of the chosen settings took: its timed steps in the last phase."""
+        for phase in reversed(self.phases):
+            c = next((c for c in phase.candidates if c.value == phase.chosen and c.samples), None)
+            if c is not None:
+                return _pace(c.samples)
+        return None
+
+    def calibration(self, what: str) -> Calibration | None:
+        """The step settings' timings as a ``Calibration`` (for the plan and the cache): each candidate timed with the
+        others at the settings its phase held (the held best appears in each phase: its samples are pooled)."""
+        pooled: dict[tuple, tuple[dict[str, Any], list[float], list[str]]] = {}
+        for phase in self.phases:
+            if phase.key == "threads":
+                continue
+            for c in phase.candidates:
+                settings = {k: (c.value if k == phase.key else phase.held[k]) for k in SETTINGS}
+                _, samples, notes = pooled.setdefault(tuple(settings.items()), (settings, [], []))
+                samples += c.samples
+                notes += [c.note] if c.note else []
+        if not pooled:
+            return None
+        timings = [Timing(s, statistics.median(x) if x else None, len(x), notes[0] if notes else "")
+                   for s, x, notes in pooled.values()]
+        cal = Calibration(what, timings, seconds_spent=self.seconds)
+        chosen = {k: self.current[k] for k in SETTINGS}
+        if any(t.settings == chosen and t.seconds is not None for t in timings):
+            cal.chosen = chosen
+        return cal
+
+    def threads_line(self, cores: int) -> str | None:
+        phase = next((p for p in self.phases if p.key == "threads"), None)
+        if phase is None:
+            return None
+        each = ", ".join(f"{c.value} thread{'s' if c.value > 1 else ''} "
+                         + (f"{min(c.samples) * 1e3:.1f} ms" if c.samples else c.note or "not timed")
+                         for c in phase.candidates)
+        return (f"threads: {phase.chosen} of {cores} cores (timed on the run's own steps while it trained: {each}; "
+                "--threads N to set)")
+
+    def lines(self) -> list[str]:
+        """What the tuning did, for the run's log."""
+        pace = self.pace()
+        out = [f"decided while training: {self.steps} steps ({self.seconds:.1f} s, ~{self.excess_s:.1f} s more than "
+               f"as many of the chosen settings' steps{f' at {pace * 1e3:.0f} ms' if pace else ''})"]
+        for phase in self.phases:
+            each = ", ".join(f"{_name(phase.key, c.value)} "
+                             + (f"{_pace(c.samples) * 1e3:.0f} ms" if c.samples else "-")
+                             + (f" ({c.note})" if c.note else "") for c in phase.candidates)
+            out.append(f"  {phase.key}: {each} -> {_name(phase.key, phase.chosen)}")
+        return out
+
+
+def _pace(samples: list[float]) -> float:
+    """A candidate's seconds a step: the median of its timed steps, the first left out where there are three (it
+    may still be warming up)."""
+    return statistics.median(samples[1:] if len(samples) >= 3 else samples)
+
+
+def _best_timed(phase: Phase) -> float | None:
+    timed = [min(c.samples) for c in phase.candidates if c.samples and c.alive]
+    return min(timed) if timed else None
+
+
+def _name(key: str, value: Any) -> str:
+    if key == "channels_last":
+        return "channels_last" if value else "no-channels_last"
+    return str(value)

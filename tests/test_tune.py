@@ -1,0 +1,182 @@
+"""Deciding while training (issue 79): the run's first steps time its ``auto`` settings, and each of them trains.
+
+The tuner is checked on replayed step times (a table of what each setting costs, as measured on the machines of
+docs/speed.md), never on this machine's clock; the trainer's use of it on a real run, with the tuner's clock
+replaced by that table.
+"""
+import json
+
+import pytest
+import torch
+
+from vitkit.training import plan as plan_mod
+from vitkit.training import tune as tune_mod
+from vitkit.training.config import TrainConfig
+from vitkit.training.trainer import Trainer
+from vitkit.training.tune import StepTuner
+
+# The CIFAR-10 hybrid's step at batch 128 on a 2-core Xeon with AMX (the planner's table, 2026-12-01), in seconds
+AMX = {("bf16", "exact", False): 0.235, ("bf16", "exact", True): 0.236, ("bf16", "sdpa", True): 0.396,
+       ("bf16", "sdpa", False): 0.413, ("fp32", "sdpa", True): 0.585, ("fp32", "sdpa", False): 0.650,
+       ("fp32", "exact", True): 0.685, ("fp32", "exact", False): 0.779}
+OPTIONS = {"precision": ["bf16", "fp32"], "attention": ["sdpa", "exact"], "channels_last": [True, False]}
+
+
+def replay(tuner: StepTuner, cost, warm_extra: float = 1.3) -> list[dict]:
+    """Run ``tuner`` on the table ``cost`` (settings -> seconds a step; a candidate's first step ``warm_extra``
+    times slower, as oneDNN builds its primitives); the settings of every step it asked for."""
+    asked, seen = [], set()
+    while (s := tuner.next()) is not None:
+        key = (s["precision"], s["attention"], s["channels_last"], s.get("threads"))
+        t = cost(s) * (warm_extra if key not in seen else 1.0)
+        seen.add(key)
+        asked.append(s)
+        tuner.record(t)
+    return asked
+
+
+def amx(s, busy_core: bool = False):
+    t = AMX[(s["precision"], s["attention"], s["channels_last"])]
+    if s.get("threads") == 1:
+        return t * 1.7
+    return t * (3.0 if busy_core else 1.0)  # two OpenMP threads, one core shared: each operator waits for it
+
+
+def test_the_fastest_settings_are_found_one_at_a_time_in_few_steps():
+    tuner = StepTuner({"precision": "bf16", "attention": "sdpa", "channels_last": True, "threads": 2}, OPTIONS,
+                      threads=[1, 2])
+    asked = replay(tuner, amx)
+    assert tuner.done and tuner.chosen == {"precision": "bf16", "attention": "exact", "channels_last": False,
+                                           "threads": 2}
+    assert len(asked) <= 24  # 4 settings x 2 candidates, one warm-up and up to 3 timed steps each
+    # what the losers cost beyond as many steps of the chosen settings: a few seconds, not a planning's 15-33 s
+    assert 0 < tuner.excess_s < 5
+    cal = tuner.calibration("step")
+    assert cal.best.settings == {"precision": "bf16", "attention": "exact", "channels_last": False}
+    assert cal.seconds_of(precision="bf16", attention="exact", channels_last=False) == pytest.approx(0.235)
+
+
+def test_a_busy_core_is_seen_on_the_runs_own_steps_and_one_thread_is_taken():
+    """With another process on one of the two cores, two threads wait for each other at every operator
+    (results/threads-contention.csv: 115-124 s against 43-44 s on one thread)."""
+    tuner = StepTuner({"precision": "bf16", "attention": "exact", "channels_last": False, "threads": 2}, OPTIONS,
+                      threads=[1, 2])
+    replay(tuner, lambda s: amx(s, busy_core=True))
+    assert tuner.chosen["threads"] == 1
+    assert "1 of 2 cores" in tuner.threads_line(2)
+
+
+def test_an_emulated_bf16_costs_one_step_not_four():
+    """An AVX-512 Xeon without bf16 emulates it ~5x slower (docs: Speed): cut at its warm-up step."""
+    tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": False, "threads": 1},
+                      {"precision": ["fp32", "bf16"]})
+    asked = replay(tuner, lambda s: 0.1 if s["precision"] == "fp32" else 0.5)
+    assert sum(s["precision"] == "bf16" for s in asked) == 1
+    assert tuner.chosen["precision"] == "fp32"
+    assert "cut at warm-up" in " ".join(tuner.lines())
+
+
+def test_a_near_tie_in_threads_goes_to_fewer_and_a_stop_keeps_the_best_so_far():
+    tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": False, "threads": 2},
+                      {"attention": ["sdpa", "exact"]}, threads=[1, 2])
+    s = tuner.next()
+    tuner.record(0.105)
+    tuner.record(0.100)  # two threads: 100 ms
+    tuner.record(0.110)
+    tuner.record(0.104)  # one thread: 104 ms, within 10%
+    while tuner.next()["threads"] != 1:
+        tuner.record(0.1)
+    tuner.stop()
+    assert s["threads"] == 2 and tuner.done and tuner.chosen["threads"] == 1 and tuner.next() is None
+
+
+# ------------------------------------------------------------------------------------------ the run
+def _replayed_run(monkeypatch, tmp_path, **kw):
+    """A digits run whose settings are decided while it trains, the tuner's clock replaced by the AMX table."""
+    monkeypatch.setattr(tune_mod.StepTuner, "record",
+                        lambda self, seconds, real=tune_mod.StepTuner.record: real(self, amx(self._next)))
+    calls = []
+    real_make = plan_mod.StepProbe.make
+    monkeypatch.setattr(plan_mod.StepProbe, "make", lambda self, s, **k: calls.append(s) or real_make(self, s, **k))
+    cfg = TrainConfig(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
+                      channels_last="auto", compile=False, output=str(tmp_path / "run"),
+                      model_args={"depth": 1, "embed_dim": 32, "num_heads": 2,
+                                  "hybrid": "conv:8,M"}, **kw)
+    said = []
+    t = Trainer(cfg, log=said.append, progress=False)
+    return t, t.fit(), said, calls
+
+
+def test_a_run_decides_its_settings_on_its_own_first_steps_each_of_which_trains(monkeypatch, tmp_path):
+    t, r, said, planner_steps = _replayed_run(monkeypatch, tmp_path)
+    # the planner timed one step (a warm-up and two timed calls of one candidate), not every candidate
+    assert len(planner_steps) == 1
+    assert any(line.startswith("decided while training:") for line in said)
+    chosen = {"precision": "bf16", "attention": "exact", "channels_last": False}
+    assert {k: getattr(t.cfg, k) for k in chosen} == chosen and t.precision == "bf16"
+    assert all(m.impl == "exact" for m in t.model.modules() if hasattr(m, "impl"))
+    assert all(p.is_contiguous() for p in t.model.parameters())  # back from channels_last where it was timed
+    assert r.steps == 2 * t.steps_per_epoch and r.epochs_trained == 2  # every tuning step was a training step
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["tuned"]["steps"] > 4 and plan["chosen"]["attention"] == "exact"
+    assert "timed on the run's first steps" in plan["calibrations"][-1]["what"]
+    import yaml
+
+    assert {k: yaml.safe_load((run / "config.yaml").read_text())[k] for k in chosen} == chosen
+
+
+def test_the_next_run_of_the_same_shape_reads_its_settings_from_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    _replayed_run(monkeypatch, tmp_path / "a")
+    t, _, said, _ = _replayed_run(monkeypatch, tmp_path / "b")
+    assert not any(line.startswith("decided while training:") for line in said)  # nothing left to time
+    assert t.cfg.attention == "exact" and t.cfg.precision == "bf16"
+
+
+def test_a_budget_too_short_to_repay_a_timing_does_not_time_it(monkeypatch):
+    cfg = TrainConfig(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
+                      compile=False, time_limit=0.05, model_args={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    real = plan_mod.time_step
+
+    def slow_step(*a, **k):  # a step of 0.2 s: 3 s of the budget's ~1 s cannot be repaid
+        cal = real(*a, **k)
+        cal.timings[0].seconds = 0.2
+        return cal
+
+    monkeypatch.setattr(plan_mod, "time_step", slow_step)
+    monkeypatch.setattr(plan_mod, "check_budget", lambda *a, **k: None)
+    _, p = plan_mod.make_plan(cfg, log=lambda s: None, in_run=True)
+    assert p.tuning is None and any(n.startswith("not timed: precision, attention") for n in p.notes)
+
+
+def test_the_final_line_says_the_steps_and_the_epochs_as_a_fraction(tmp_path, capsys):
+    from vitkit.cli.main import main
+
+    assert main(["train", "--epochs", "1", "--depth", "1", "--output", str(tmp_path / "r")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert " epochs=1 steps=" in last
+    from vitkit.cli.train import epochs_text
+    from vitkit.training.trainer import RunResult
+
+    assert epochs_text(RunResult(0, 0, 1, 56, 1.0, False, None, 56 / 390)) == "0.14"
+    assert epochs_text(RunResult(0, 0, 40, 1120, 1.0, False, None, 40.0)) == "40"
+
+
+def test_a_progress_line_in_a_log_that_is_not_a_terminal(monkeypatch, tmp_path):
+    from vitkit.training import trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "PROGRESS_EVERY_S", 0.0)
+    said = []
+    Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=256, time_limit=1.0,
+                        model_args={"depth": 1, "embed_dim": 32, "num_heads": 2}),
+            log=said.append, progress=False).fit()
+    lines = [s for s in said if s.startswith("step ")]
+    assert lines and "of the 1-minute budget" in lines[0] and "img/s" in lines[0] and "s left" in lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
