@@ -48,7 +48,8 @@ def test_the_fastest_settings_are_found_one_at_a_time_in_few_steps():
     asked = replay(tuner, amx)
     assert tuner.done and tuner.chosen == {"precision": "bf16", "attention": "exact", "channels_last": False,
                                            "threads": 2}
-    assert len(asked) <= 24  # 4 settings x 2 candidates, one warm-up and up to 3 timed steps each
+    assert len(asked) <= 29  # 4 settings x 2 candidates, one warm-up and up to 3 timed steps each (less 3
+    # warm-ups: the value held from the setting before is warm)
     # what the losers cost beyond as many steps of the chosen settings: a few seconds, not a planning's 15-33 s
     assert 0 < tuner.excess_s < 5
     cal = tuner.calibration("step")

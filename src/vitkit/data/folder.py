@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import stat
 import time
@@ -227,13 +228,23 @@ def mode_within_budget(path: str, mode: str, auto: bool, budget_s: float, listin
         elif listing_s + decode >= budget_s:
             raise ValueError(f"{path}: listing and decoding {images:,} images into memory would take ~"
                              f"{listing_s + decode:.0f} s (timed on a few), more than the ~{budget_s:.0f} s the "
-                             "--time-limit leaves; nothing was decoded. Give a longer --time-limit, or --data-mode "
-                             "stream (each image decoded as a step reads it)")
+                             f"--time-limit leaves; nothing was decoded. Give --time-limit "
+                             f"{_at_least(listing_s + decode):g} or more, or --data-mode stream (each image decoded "
+                             "as a step reads it)")
     if mode == "stream" and listing_s >= budget_s:
         raise ValueError(f"{path}: listing the headers of {images:,} images would take ~{listing_s:.0f} s (timed on "
                          f"a few), more than the ~{budget_s:.0f} s the --time-limit leaves; nothing was decoded. Give "
-                         "a longer --time-limit (the listing is cached for the next run)")
+                         f"--time-limit {_at_least(listing_s):g} or more (the listing is cached for the next run)")
     return mode
+
+
+SHORTEST_RUN_S = 15.0  # beside reading the data: planning, the steps a schedule is fitted from and an evaluation
+
+
+def _at_least(data_s: float) -> float:
+    """The shortest --time-limit, in minutes to 0.01, whose usable seconds (training/budget.usable_seconds: 99% less
+    2 s) hold ``data_s`` seconds of reading the data and the shortest run after it."""
+    return math.ceil((data_s + SHORTEST_RUN_S + 2) / 0.99 / 60 * 100) / 100
 
 
 DATA_MODES = ("auto", "memory", "stream")

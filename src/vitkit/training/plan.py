@@ -76,6 +76,7 @@ class Plan:
     # "workload"}; None where everything was decided here
     tuning: dict[str, Any] | None = None
     tuned: dict[str, Any] | None = None  # what deciding them took: steps, seconds, seconds beyond the chosen pace
+    first_step_s: float | None = None  # seconds from the run's start to its first training step (the trainer's)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import yaml
 
+from ..model.serialization import atomic_write
+
 
 LOCK_NAME = ".vitkit-run.lock"
 
@@ -37,9 +39,14 @@ class RunLog:
         """The config and plan again, once the run's first steps have decided what the planner left to them."""
         if self.out is None or not self.out.is_dir():
             return
-        (self.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        if self.wrote_plan:
-            plan.save(self.out)
+        try:  # each written whole and renamed (atomic_write): a full disk leaves the first one as it was
+            atomic_write(self.out / "config.yaml", lambda tmp: tmp.write_text(yaml.safe_dump(config, sort_keys=False)))
+            if self.wrote_plan:
+                atomic_write(self.out / "plan.json",
+                             lambda tmp: tmp.write_text(json.dumps(plan.to_dict(), indent=1, default=str)))
+        except OSError as e:
+            self.log(f"could not rewrite {self.out}/config.yaml and plan.json with what the run decided ({e}); the "
+                     "ones written at its start are kept")
 
     def open(self, config: dict[str, Any], plan: Any = None) -> None:
         """Create the folder, write the resolved config and the plan (``plan.json``: how each ``auto`` was decided)

@@ -142,6 +142,7 @@ class Trainer:
         self.stall_checked = False  # whether the loss was compared with a uniform guess's (_check_learning)
         self.epoch_loss = [0.0, 0]  # this epoch's summed loss and images so far (kept across a stop and resume)
         self.batch_seconds: float | None = None  # the last batch's time (a stop waits about that long for it)
+        self._said_at = time.time()  # the last progress line (for a log that is not a terminal)
         self.out = Path(cfg.output) if cfg.output else None
         if cfg.resume:
             self._resume(Path(cfg.resume))
@@ -420,6 +421,8 @@ class Trainer:
         for x, y in it:
             if self.step >= self.total_steps:
                 break
+            if self.plan is not None and self.plan.first_step_s is None:
+                self.plan.first_step_s = round(self.elapsed() - self.prior_elapsed, 2)
             if self.tuner is not None and self.batch_in_epoch % cfg.grad_accum == 0:
                 self._tune_before_step()
             x, target = self.augment(x, y, train=True, generator=self.gen)
@@ -565,6 +568,8 @@ class Trainer:
         finally:
             if hasattr(self, "_matmul_before"):  # a tuned run set it as its settings changed
                 torch.set_float32_matmul_precision(self._matmul_before)
+        if self.plan is not None:
+            self.runlog.replan(self.cfg.to_dict(), self.plan)  # with what the run measured of itself
         self.runlog.close()
         return RunResult(self.last_top1, self.best_top1, self.epoch, self.step, self.elapsed(),
                          self.stop_requested, self.out, round(self.epochs_trained, 4))
