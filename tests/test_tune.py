@@ -181,3 +181,29 @@ def _threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+def test_a_neighbour_that_starts_mid_run_has_the_thread_count_timed_again(monkeypatch):
+    """The threads chosen on a quiet machine are wrong once another process holds a core: a pace 1.4 times the one
+    the run trained at times the counts again on the next steps."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    said = []
+    t = Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=64, time_limit=1.0, threads=2,
+                            model_args={"depth": 1, "embed_dim": 32, "num_heads": 2}), log=said.append, progress=False)
+    t.plan.tuning = {"threads": [1, 2]}
+    t.budget.sec_per_step = 0.1
+    t._check_pace()  # the first pace at the chosen settings: the reference
+    assert t.tuner is None and t._chosen_at[0] == 0.1
+    t.budget.sec_per_step = 0.12
+    t._chosen_at = (0.1, t.elapsed() - 60)
+    t._check_pace()  # within 1.4x: nothing
+    assert t.tuner is None
+    t.budget.sec_per_step = 0.3
+    t._check_pace()
+    assert t.tuner is not None and any("timing the thread count again" in s for s in said)
+    while (s := t.tuner.next()) is not None:
+        t.tuner.record(0.3 if s["threads"] == 2 else 0.12)
+    t._tuned()
+    assert torch.get_num_threads() == 1 and t.plan.chosen["threads"] == 1
+    assert any(n.startswith(f"at step {t.step}: threads: 1 of") for n in t.plan.notes)
+    assert t.budget.mark[0] == t.step and t._chosen_at is None

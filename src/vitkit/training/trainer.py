@@ -30,7 +30,7 @@ from ..runtime.memory import release_free_memory
 from ..runtime.calibrate import store_unless_loaded
 from ..runtime.precision import autocast_for, matmul_precision
 from ..runtime.threads import OtherLoad, usable_cores
-from .budget import EVAL_SHARE, TimeBudget
+from .budget import EVAL_SHARE, WARM_STEPS, TimeBudget
 from .build import (apply_layout, augment_for, build_data, build_model, for_run, model_for_training,
                     preprocessing_for, resident)
 from .checkpoint import load_train_state, recover_run, save_checkpoint
@@ -46,6 +46,8 @@ from .ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 READ_LOSS_EVERY = 16  # batches between two reads of the loss on an accelerator (each read waits for the device)
 TUNE_BUDGET_SHARE = 0.3  # the run's first steps decide its settings for at most this share of a time budget (they
 # train all the same; a candidate twice the best pace is dropped)
+RETIME_PACE = 1.4  # a pace this many times slower (or faster) than the chosen one times the thread count again ...
+RETIME_EVERY = 0.1  # ... at most once in this share of the budget
 PROGRESS_EVERY_S = 30.0  # where no progress bar is drawn (a log that is not a terminal), a line this often
 
 
@@ -107,6 +109,8 @@ class Trainer:
         self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
         self.tuner = self._tuner()
         self._tune_t0: float | None = None  # when the optimizer step being timed for the tuner began
+        self._chosen_at: tuple[float, float] | None = None  # (the budget's pace at the chosen settings, when)
+        self._retiming = False  # the tuner is timing the thread count again, mid-run (_check_pace)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         batches = len(self.sampler) // cfg.batch_size  # whole batches an epoch, per process
         if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
@@ -312,10 +316,10 @@ class Trainer:
         """The tuner of the settings the planner left to the run's first steps (``Plan.tuning``): one process, an
         eager step (a compiled or DDP-wrapped model keeps the settings it was built with)."""
         tuning = self.plan.tuning if self.plan is not None else None
+        self._matmul_before = torch.get_float32_matmul_precision()  # (restored when the run ends)
+        self._layout = (self.cfg.attention, self.cfg.channels_last)
         if not tuning or self.world > 1 or self.cfg.compile:
             return None
-        self._matmul_before = torch.get_float32_matmul_precision()
-        self._layout = (self.cfg.attention, self.cfg.channels_last)
         self._load = OtherLoad().__enter__()  # whether others held the cores while the settings were timed
         return StepTuner(tuning["start"], tuning["options"], tuning["threads"])
 
@@ -342,6 +346,29 @@ class Trainer:
             share = ""
         self.log(f"step {self.step}/{self.total_steps} (epoch {self.epoch + 1}): loss {loss:.4f}, {img_s:.0f} img/s"
                  f"{share}, ~{left:.0f} s left")
+
+    def _check_pace(self) -> None:
+        """Where the pace has moved ``RETIME_PACE`` times from the one the threads were chosen at (another process
+        started or stopped beside the run), the thread count is timed again on the next steps: two OpenMP threads
+        sharing a core with a busy process ran the default digits run 2.7x slower than one (115-124 s against
+        43-44 s, results/threads-contention.csv). At most once every ``RETIME_EVERY`` of the budget."""
+        counts = (self.plan.tuning or {}).get("threads") if self.plan is not None else None
+        pace, at = self.budget.sec_per_step, self._chosen_at
+        if not counts or not pace or self.world > 1:
+            return
+        if at is None:  # the first pace measured at the chosen settings: what later paces are compared with
+            self._chosen_at = (pace, self.elapsed())
+            return
+        ratio = pace / at[0]
+        if (1 / RETIME_PACE < ratio < RETIME_PACE) or self.elapsed() - at[1] < RETIME_EVERY * self.budget.seconds:
+            return
+        if self.is_main:
+            self.log(f"the step's pace moved from {at[0] * 1e3:.0f} to {pace * 1e3:.0f} ms (another process started "
+                     "or stopped beside the run?): timing the thread count again on the next steps")
+        self.tuner = StepTuner({**{k: getattr(self.cfg, k) for k in TUNED}, "threads": torch.get_num_threads()}, {},
+                               counts)
+        self._retiming = True
+        self._load = OtherLoad().__enter__()
 
     def _tune_before_step(self) -> None:
         """Before an optimizer step while the tuner decides: its settings, and the clock. The tuning ends early
@@ -373,6 +400,18 @@ class Trainer:
         tuner.stop()
         chosen = tuner.chosen
         self._apply_settings(chosen)
+        self._chosen_at = None  # (the budget's next pace, at these settings)
+        if self._retiming:  # the thread count again, mid-run: a line, and the budget's pace measured anew
+            self._retiming = False
+            self._load.__exit__(None, None, None)
+            line = tuner.threads_line(usable_cores())
+            self.plan.notes.append(f"at step {self.step}: {line}")
+            self.plan.chosen["threads"] = torch.get_num_threads()
+            if self.is_main:
+                self.log(f" {line}")
+            if self.budget:
+                self.budget.mark, self.budget.next_check = (self.step, self.elapsed()), self.step + WARM_STEPS
+            return
         self.cfg = TrainConfig.from_dict({**self.cfg.to_dict(), **{k: chosen[k] for k in TUNED}})
         self.first_step = self.step  # the budget's pace is measured from here, at the chosen settings
         if self.scaler.is_enabled() and self.precision != "fp16":  # (enabled for an fp16 candidate)
@@ -484,7 +523,10 @@ class Trainer:
         if self._tune_t0 is not None:
             self._tune_after_step()
         if self.budget and self.tuner is None:  # (the pace is measured from the settings the run trains with)
-            self._set_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
+            replan = self.budget.after_step(self.step, self.elapsed(), self.first_step)
+            self._set_plan(replan)
+            if replan is not None:
+                self._check_pace()
 
     def _eval_due(self) -> bool:
         """Evaluate every ``eval_every`` epochs (under a time limit the budget's, which may grow), and always after
@@ -566,8 +608,7 @@ class Trainer:
             self.runlog.close()
             raise ValueError(self._what_did_not_fit()) from None
         finally:
-            if hasattr(self, "_matmul_before"):  # a tuned run set it as its settings changed
-                torch.set_float32_matmul_precision(self._matmul_before)
+            torch.set_float32_matmul_precision(self._matmul_before)  # (a tuned run sets it as its settings change)
         if self.plan is not None:
             self.runlog.replan(self.cfg.to_dict(), self.plan)  # with what the run measured of itself
         self.runlog.close()
