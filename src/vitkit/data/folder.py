@@ -11,10 +11,10 @@ import json
 import math
 import os
 import stat
+import statistics
 import time
 import zipfile
 from collections import Counter
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -163,15 +163,18 @@ def estimate_decoded(reader: Reader, names: list[str], prep: Prepare, sample: in
     gray = True
     picked = names[::max(1, len(names) // sample)][:sample]
     _warm(reader, picked, lambda data, where: header(data, where))
-    started = time.perf_counter()
+    each = []
     for n in picked:
+        started = time.perf_counter()
         try:
             hw, g = header(reader.read(n), reader.where(n))
         except BadImageError:  # named when it is listed or decoded; here it only counts for less
             continue
+        finally:
+            each.append(time.perf_counter() - started)
         sizes[f"{hw[0]}x{hw[1]}"] += 1
         gray = gray and g
-    listing_s = (time.perf_counter() - started) / max(1, len(picked)) * len(names)
+    listing_s = statistics.median(each) * len(names) if each else 0.0
     if not sizes and prep.size is None:  # nothing read: the largest the decode side allows
         return (len(names), (prep.decode_side, prep.decode_side), 1 if gray else 3), listing_s
     prep, channels = kept(Listing({}, {}, dict(sizes), gray, []), prep)
@@ -199,20 +202,24 @@ DECODE_SHARE = 1 / 3  # under --time-limit, --data-mode auto streams a dataset w
 def decode_seconds(reader: Reader, names: list[str], prep: Prepare, size: tuple[int, int], channels: int) -> float:
     """Seconds decoding all of ``names`` into memory would take, timed on up to ``DECODE_SAMPLE`` of them spread
     over the list after one untimed (an unreadable one counts its failed read). Eight of them, the first one's
-    plugin import included, said 18-90 s for CIFAR-10's 60,000 32x32 JPEGs, whose decode takes 8.2 s."""
+    plugin import included, said 18-90 s for CIFAR-10's 60,000 32x32 JPEGs, whose decode takes 8.2 s in one process."""
     picked = names[::max(1, len(names) // DECODE_SAMPLE)][:DECODE_SAMPLE]
     p = dataclasses.replace(prep, size=size)
     _warm(reader, picked, lambda data, where: p.array(data, where, channels))
-    started, timed = time.perf_counter(), 0
+    started, each = time.perf_counter(), []
     for n in picked:
+        t = time.perf_counter()
         try:
             p.array(reader.read(n), reader.where(n), channels)
         except BadImageError:
             pass
-        timed += 1
+        each.append(time.perf_counter() - t)
         if time.perf_counter() - started > DECODE_SAMPLE_S:
             break
-    return (time.perf_counter() - started) / max(1, timed) * len(names)
+    # the median image: the mean of 32 took one pause of the process for a third of the decode (CIFAR-10: "~30 s",
+    # where 9-11 s is its estimate on a quiet process)
+    procs = usable_cores() if len(names) >= PARALLEL_FROM else 1  # (decode_chunks: a process a core)
+    return statistics.median(each) * len(names) / procs if each else 0.0
 
 
 def mode_within_budget(path: str, mode: str, auto: bool, budget_s: float, listing_s: float,
@@ -471,28 +478,35 @@ def decode_chunks(reader: Reader, names: list[str], prep: Prepare, channels: int
     chunks = [(i, names[i:i + CHUNK]) for i in range(0, len(names), CHUNK)]
     bar = progress(total=len(names), desc=desc) if progress else None
     procs = min(usable_cores(), len(chunks)) if len(names) >= PARALLEL_FROM else 1
-    try:
+    global _JOB
+    _JOB = (reader, prep, channels)  # the processes forked below inherit it (sent with each chunk, the reader
+    try:  # opened the zip anew for every one: 0.39 s each, 18 s for CIFAR-10 where one process took 12)
         if procs > 1:
             import multiprocessing as mp  # only for large decodes
 
             with mp.get_context("fork").Pool(procs) as pool:
-                for done in pool.imap(partial(_decode_chunk, reader, prep, channels), chunks):
+                for done in pool.imap(_decode_chunk, chunks):
                     if bar:
                         bar.update(len(done[1]))
                     yield done
         else:
             for chunk in chunks:
-                done = _decode_chunk(reader, prep, channels, chunk)
+                done = _decode_chunk(chunk)
                 if bar:
                     bar.update(len(done[1]))
                 yield done
     finally:
+        _JOB = None
         if bar:
             bar.close()
 
 
-def _decode_chunk(reader: Reader, prep: Prepare, channels: int, chunk: tuple[int, list[str]]
-                  ) -> tuple[int, list[Any], dict[int, tuple[str, str]]]:
+_JOB: tuple[Reader, Prepare, int] | None = None  # (reader, prep, channels) of the decode in progress
+
+
+def _decode_chunk(chunk: tuple[int, list[str]]) -> tuple[int, list[Any], dict[int, tuple[str, str]]]:
+    assert _JOB is not None
+    reader, prep, channels = _JOB
     start, names = chunk
     arrays: list[Any] = []
     bad: dict[int, tuple[str, str]] = {}

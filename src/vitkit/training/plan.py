@@ -266,11 +266,15 @@ ESTIMATE_CALLS = 2  # timed calls of the one step the planner times (after a war
 
 
 def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: list[dict[str, Any]],
-              make: Callable[[dict[str, Any]], Callable[[], Any]], refresh: bool, one: bool) -> Calibration:
+              make: Callable[[dict[str, Any]], Callable[[], Any]], refresh: bool, one: bool,
+              reuse: Calibration | None = None) -> Calibration:
     """The step's calibration: cached, or every candidate timed (calibrate), or with ``one`` the step of the
     candidate the run starts from (``prior_first``), once warm: the others are timed on the run's own steps
-    (training/tune.py)."""
+    (training/tune.py). ``reuse``: what to take, uncached, instead of timing one step (a tier with the same model and
+    batch: its optimizer and augmentation change the step little, and the run's first steps time it)."""
     hit = None if refresh else cached(device, {**workload, "candidates": cands})
+    if hit is None and one and reuse is not None:
+        return reuse
     if hit is not None or not one:
         return hit or calibrate(what, device, workload, cands, make, refresh=refresh)
     first = prior_first(cands, device)
@@ -664,9 +668,10 @@ def _try_tier(cfg: TrainConfig, tier: dict[str, Any], data: DataSplits, device: 
         close = sorted(close, key=lambda c: c != cal.best.settings)
     if p.memory is not None and not _holds_no_more(cfg, new):  # the tier's model and batch: what fits again,
         new, new_probe, close = _fit_memory(new, data, device, p, new_probe, close, log)  # before a step is timed
+    same_model = new.model_args == cfg.model_args and new_probe.n == probe.n
     new_cal = time_step(f"training step ({_describe_model(new_probe.model)}, batch {new_probe.n}; the tier's model)",
                         device, step_workload(new, new_probe.model, new_probe.n, device), close, new_probe.make,
-                        refresh, one=in_run is not None)
+                        refresh, one=in_run is not None, reuse=cal if in_run is not None and same_model else None)
     p.calibrations.append(new_cal)
     if "above" in tier:
         # On its own step an upward tier must still buy the epochs it is for: its own bound (the tier above 50's
