@@ -49,7 +49,8 @@ def datasets(tmp: Path) -> dict[str, list[str]]:
     return {"digits": ["--dataset", "digits"],
             "fashion-mnist": ["--dataset", "fashion-mnist", "--data-dir", str(FMNIST)],
             "cifar10": ["--dataset", "folder", "--data-dir", str(cifar)],
-            "cifar10-3": ["--dataset", "folder", "--data-dir", str(three_classes(cifar, tmp))] if cifar.exists() else [],
+            "cifar10-3": (["--dataset", "folder", "--data-dir", str(three_classes(cifar, tmp))]
+                          if cifar.exists() else []),
             "ants-bees": ["--dataset", "folder", "--data-dir", str(SHARED / "ants-bees.zip")]}
 
 

@@ -156,7 +156,7 @@ def test_the_final_line_says_the_steps_and_the_epochs_as_a_fraction(tmp_path, ca
 
     assert main(["train", "--epochs", "1", "--depth", "1", "--output", str(tmp_path / "r")]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert " epochs=1 steps=" in last
+    assert " epochs=1 elapsed_s=" in last and last.split()[-1].startswith("steps=")
     from vitkit.cli.train import epochs_text
     from vitkit.training.trainer import RunResult
 

@@ -336,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     if result.stopped_early:
         return 128 + (signals[0] if signals else signal.SIGTERM)
     if rank == 0:
-        print(f"final: {final(result.val_top1)} epochs={epochs_text(result)} steps={result.steps} "
-              f"elapsed_s={result.elapsed_s:.1f}")
+        # (steps= last: a reader of the line's first three keys reads it as before)
+        print(f"final: {final(result.val_top1)} epochs={epochs_text(result)} elapsed_s={result.elapsed_s:.1f} "
+              f"steps={result.steps}")
     return 0

@@ -42,7 +42,8 @@ from ..runtime.threads import candidates as thread_candidates, choose_threads, t
 from ..model.vit import VisionTransformer
 from .budget import budget_left, check_budget
 from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
-                           expected_compile_gain, trained_step_s, would_time_compile)  # (COMPILE_GAIN, compile_*: public names)
+                           expected_compile_gain, trained_step_s,  # (COMPILE_GAIN, compile_*: public names)
+                           would_time_compile)
 from .build import build_data, for_run, model_config, resident_bytes
 from .config import TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names

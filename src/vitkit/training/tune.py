@@ -25,7 +25,10 @@ from typing import Any, Generator
 from ..runtime.calibrate import CUT, Calibration, Timing
 from ..runtime.threads import pick
 
-ROUNDS = 3  # timed steps per candidate at most (round-robin)
+ROUNDS = 3  # timed steps per candidate (round-robin) ...
+# ... or up to MAX_ROUNDS while a setting's timed steps have taken less than SHORT_PHASE_S: a 60 ms step's three
+# samples told bf16 from fp32 by less than their noise (Fashion-MNIST's tier model: 77 against 69 ms, 62 ms before)
+MAX_ROUNDS, SHORT_PHASE_S = 8, 1.0
 WARM_CUT = 3.0  # a candidate whose warm-up step took this many of the best timed step is dropped without timing
 # after its first timed step a candidate is dropped only this far behind (CUT after the later ones): a step's second
 # call can still be warming up (the CIFAR-10 hybrid's bf16 sdpa step: 599, 615, then 439-398 ms)
@@ -136,9 +139,10 @@ class StepTuner:
                     continue
                 c.samples.append((yield from self._timed(phase, c)))
             self._cut(phase, FIRST_CUT)
-            for _ in range(self.rounds - 1):
+            for r in range(1, MAX_ROUNDS):
                 alive = [c for c in phase.candidates if c.alive]
-                if len(alive) < 2:
+                timed_s = sum(sum(c.samples) for c in phase.candidates)
+                if len(alive) < 2 or (r >= self.rounds and timed_s >= SHORT_PHASE_S):
                     break
                 for c in alive:
                     c.samples.append((yield from self._timed(phase, c)))
