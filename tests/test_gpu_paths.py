@@ -303,3 +303,18 @@ def test_a_run_saved_on_the_cpu_resumes_on_a_gpu_and_back(tmp_path):
         t = Trainer(gpu_config(tmp_path, epochs=2, resume=str(tmp_path / "run")), log=said.append, progress=False)
         t.gen.get_state()
     assert t.gen.device.type == "cuda" and any("another kind of device" in s for s in said)
+
+
+def test_a_run_that_decides_its_settings_on_its_first_steps_does_so_on_a_gpu(tmp_path, gpu):
+    """Decided while training (training/tune.py) on a GPU: the candidates' steps train on the device, each timed
+    after the device's queue is drained (one wait a tuning step, none after); the thread count is not a GPU's to time."""
+    from vitkit.training.plan import make_plan
+
+    cfg = gpu_config(tmp_path, precision="auto", attention="auto", threads=None, compile=False, epochs=2)
+    cfg, p = make_plan(cfg, log=lambda s: None, in_run=True)
+    assert p.tuning is not None and p.tuning["threads"] is None and "precision" in p.tuning["options"]
+    t = Trainer(cfg, plan_=p, **QUIET)
+    r = t.fit()
+    assert t.tuner is None and p.tuned["steps"] >= 4 and r.steps == 2 * t.steps_per_epoch
+    assert {k: getattr(t.cfg, k) for k in ("precision", "attention")} == {
+        k: p.chosen[k] for k in ("precision", "attention")}

@@ -38,7 +38,8 @@ from ..runtime.cpu import machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
-from ..runtime.threads import candidates as thread_candidates, choose_threads, threads_for_ranks, usable_cores
+from ..runtime.threads import (OtherLoad, candidates as thread_candidates, choose_threads, threads_for_ranks,
+                               usable_cores)
 from ..model.vit import VisionTransformer
 from .budget import budget_left, check_budget
 from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
@@ -131,6 +132,8 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     if len(data.classes) < 2 and cfg.objective == "classify":  # one class trains to "100%" and predicts it always
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
+    if in_run and world == 1 and threads_note == "" and device.type == "cpu":
+        _plan_on_the_free_cores(p)
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "", log, in_run and world == 1)
     if world > 1:  # the others wait for rank 0's timings outside a collective (NCCL's watchdog ends those at 10 min)
@@ -151,6 +154,24 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         for line in p.lines():
             log(line)
     return cfg, p
+
+
+LOAD_SAMPLE_S = 0.3  # how long the planner looks at the other processes' load before it times anything
+
+
+def _plan_on_the_free_cores(p: Plan) -> None:
+    """Where other processes hold a core, the planner's own steps (the memory it measures, the step it times) run on
+    one thread: two OpenMP threads sharing a core with a busy process wait for each other at every operator, and
+    planning a 1-minute run on ants-bees took 15.5 s beside a busy loop (2.6 s quiet). The run's first steps time
+    the thread count all the same."""
+    n = torch.get_num_threads()
+    if n < 2:
+        return
+    with OtherLoad() as load:
+        time.sleep(LOAD_SAMPLE_S)
+    if load.contended(n):
+        torch.set_num_threads(1)
+        p.notes.append(f"planned on 1 thread: other processes held {load.cores:.1f} of the {usable_cores()} cores")
 
 
 def _decide(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan, start_time: float, refresh: bool,
@@ -219,7 +240,7 @@ def _the_step(s: Planning) -> None:
 def _threads(s: Planning) -> None:
     """The thread count, timed on the step first: every candidate below is timed at the count the run trains with
     (timed at two threads on a busy 2-core machine, then trained at one, a noisy step chose the precision)."""
-    if s.measure_threads and not s.in_run:
+    if s.measure_threads and (not s.in_run or s.device.type != "cpu"):  # (off a CPU: a note, nothing timed)
         _measure_threads(s)
 
 
@@ -248,7 +269,8 @@ def _step_settings(s: Planning) -> None:
     what = f"training step ({_describe_model(s.probe.model)}, batch {s.probe.n})"
     workload = step_workload(s.cfg, s.probe.model, s.probe.n, s.device)
     if s.in_run:
-        s.cal = time_step(what, s.device, workload, s.cands, s.probe.make, s.refresh, one=True)
+        s.cal = time_step(what, s.device, workload, s.cands, s.probe.make, s.refresh, one=True,
+                          threads_free=s.measure_threads)
         if not _compile_may_pay(s):
             s.plan.calibrations.append(s.cal)
             release_free_memory()
@@ -268,11 +290,15 @@ ESTIMATE_CALLS = 2  # timed calls of the one step the planner times (after a war
 
 def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: list[dict[str, Any]],
               make: Callable[[dict[str, Any]], Callable[[], Any]], refresh: bool, one: bool,
-              reuse: Calibration | None = None) -> Calibration:
+              reuse: Calibration | None = None, threads_free: bool = False) -> Calibration:
     """The step's calibration: cached, or every candidate timed (calibrate), or with ``one`` the step of the
     candidate the run starts from (``prior_first``), once warm: the others are timed on the run's own steps
     (training/tune.py). ``reuse``: what to take, uncached, instead of timing one step (a tier with the same model and
-    batch: its optimizer and augmentation change the step little, and the run's first steps time it)."""
+    batch: its optimizer and augmentation change the step little, and the run's first steps time it).
+    ``threads_free``: the thread count is the run's to choose; where other processes held a core while the step was
+    timed on all of them, it is timed on one too, and the faster count kept (the run starts there): on a 2-core
+    Xeon with a busy loop beside it the CIFAR-10 hybrid's step took 1.3 s on two threads, 0.76 s on one, and a
+    1-minute run was refused from the two-thread figure."""
     hit = None if refresh else cached(device, {**workload, "candidates": cands})
     if hit is None and one and reuse is not None:
         return reuse
@@ -283,13 +309,24 @@ def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: 
     try:
         step = make(first)
         step()
-        samples = [_timed(step) for _ in range(ESTIMATE_CALLS)]
+        with OtherLoad() as load:
+            samples = [_timed(step) for _ in range(ESTIMATE_CALLS)]
+        n, note = torch.get_num_threads(), ""
+        if threads_free and device.type == "cpu" and n > 1 and load.contended(n):
+            torch.set_num_threads(1)
+            step()  # (oneDNN builds its primitives again for a new thread count)
+            one_thread = [_timed(step) for _ in range(ESTIMATE_CALLS)]
+            if min(one_thread) < min(samples):
+                samples, note = one_thread, (f"on 1 thread: others held {load.cores:.1f} cores "
+                                             f"({min(samples) * 1e3:.0f} ms on {n})")
+            else:
+                torch.set_num_threads(n)
     except (RuntimeError, ValueError, NotImplementedError, MemoryError) as e:  # as calibrate: try them all then
         if len(cands) == 1:
             raise NothingRuns(f"{what}: {' '.join(str(e).split())[:120]}") from None
         return calibrate(what, device, workload, cands, make, refresh=refresh)
     return Calibration(f"{what}; one step, the others timed on the run's first steps",
-                       [Timing(first, min(samples), len(samples))], seconds_spent=time.perf_counter() - t0)
+                       [Timing(first, min(samples), len(samples), note)], seconds_spent=time.perf_counter() - t0)
 
 
 def _timed(step: Callable[[], Any]) -> float:
@@ -396,7 +433,7 @@ def _leave_to_the_run(s: Planning) -> None:
     options = {} if cached_ else {k: list(dict.fromkeys(c[k] for c in s.cands)) for k in TUNED
                                   if s.plan.asked.get(k) == "auto"}
     options = {k: v for k, v in options.items() if len(v) > 1}
-    threads = thread_candidates(usable_cores()) if s.measure_threads else None
+    threads = thread_candidates(usable_cores()) if s.measure_threads and s.device.type == "cpu" else None
     threads = threads if threads and len(threads) > 1 else None
     step_s = s.step_s()
     if s.cfg.time_limit and step_s > 0:
