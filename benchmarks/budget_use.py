@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="*", type=float, default=[1.0, 5.0], help="minutes")
     ap.add_argument("--loads", nargs="*", default=["quiet", "busy"], choices=["quiet", "busy", "busy-mid"])
     ap.add_argument("--csv", type=csv_arg, default=str(ROOT / "results" / "budget-use.csv"))
+    ap.add_argument("--note", default="", help="a word on the rows (what differs from the usual)")
     a = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -102,7 +103,7 @@ def main() -> None:
                 for load in a.loads:
                     row = {"cpu": cpu_label(), "date": time.strftime("%Y-%m-%d"), "commit": commit,
                            "dataset": name, "budget_s": round(minutes * 60), "load": load,
-                           **run(args, minutes, load, tmp)}
+                           **run(args, minutes, load, tmp), "note": a.note}
                     print(json.dumps(row), flush=True)
                     append_csv_rows(a.csv, [row])
 

@@ -207,3 +207,10 @@ def test_a_neighbour_that_starts_mid_run_has_the_thread_count_timed_again(monkey
     assert torch.get_num_threads() == 1 and t.plan.chosen["threads"] == 1
     assert any(n.startswith(f"at step {t.step}: threads: 1 of") for n in t.plan.notes)
     assert t.budget.mark[0] == t.step and t._chosen_at is None
+
+
+def test_a_recipe_that_ends_well_inside_its_budget_says_so_and_names_max_epochs():
+    said = []
+    Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=256, time_limit=10.0,
+                        model_args={"depth": 1, "embed_dim": 32, "num_heads": 2}), log=said.append, progress=False).fit()
+    assert any("of the 10-minute budget: --max-epochs N lets the schedule grow" in s for s in said)
