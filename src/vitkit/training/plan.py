@@ -702,8 +702,6 @@ def _try_tier(cfg: TrainConfig, tier: dict[str, Any], data: DataSplits, device: 
         raise type(e)(f"{tier_name(tier)}: {e}") from None
     close = in_run or [t.settings for t in cal.timings
                        if t.seconds is not None and t.seconds <= RETIME * cal.best.seconds]
-    if in_run:  # the settings the step was timed with first, as the run will start
-        close = sorted(close, key=lambda c: c != cal.best.settings)
     if p.memory is not None and not _holds_no_more(cfg, new):  # the tier's model and batch: what fits again,
         new, new_probe, close = _fit_memory(new, data, device, p, new_probe, close, log)  # before a step is timed
     same_model = new.model_args == cfg.model_args and new_probe.n == probe.n

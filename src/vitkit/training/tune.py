@@ -227,6 +227,9 @@ class StepTuner:
         out = [f"decided while training: {self.steps} steps ({self.seconds:.1f} s, ~{self.excess_s:.1f} s more than "
                f"as many of the chosen settings' steps{f' at {pace * 1e3:.0f} ms' if pace else ''})"]
         for phase in self.phases:
+            if not any(c.samples for c in phase.candidates):  # stopped before it (the budget's share, the run's end)
+                out.append(f"  {phase.key}: not timed (the tuning was stopped) -> {_name(phase.key, phase.chosen)}")
+                continue
             each = ", ".join(f"{_name(phase.key, c.value)} "
                              + (f"{_pace(c.samples) * 1e3:.0f} ms" if c.samples else "-")
                              + (f" ({c.note})" if c.note else "") for c in phase.candidates)
