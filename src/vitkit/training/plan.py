@@ -39,7 +39,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
 from ..runtime.threads import (OtherLoad, candidates as thread_candidates, choose_threads, threads_for_ranks,
-                               usable_cores)
+                               timed, usable_cores)
 from ..model.vit import VisionTransformer
 from .budget import budget_left, check_budget
 from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
@@ -310,12 +310,12 @@ def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: 
         step = make(first)
         step()
         with OtherLoad() as load:
-            samples = [_timed(step) for _ in range(ESTIMATE_CALLS)]
+            samples = [timed(step) for _ in range(ESTIMATE_CALLS)]
         n, note = torch.get_num_threads(), ""
         if threads_free and device.type == "cpu" and n > 1 and load.contended(n):
             torch.set_num_threads(1)
             step()  # (oneDNN builds its primitives again for a new thread count)
-            one_thread = [_timed(step) for _ in range(ESTIMATE_CALLS)]
+            one_thread = [timed(step) for _ in range(ESTIMATE_CALLS)]
             if min(one_thread) < min(samples):
                 samples, note = one_thread, (f"on 1 thread: others held {load.cores:.1f} cores "
                                              f"({min(samples) * 1e3:.0f} ms on {n})")
@@ -327,12 +327,6 @@ def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: 
         return calibrate(what, device, workload, cands, make, refresh=refresh)
     return Calibration(f"{what}; one step, the others timed on the run's first steps",
                        [Timing(first, min(samples), len(samples), note)], seconds_spent=time.perf_counter() - t0)
-
-
-def _timed(step: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    step()
-    return time.perf_counter() - t
 
 
 def prior_first(cands: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
