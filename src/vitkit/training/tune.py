@@ -203,7 +203,7 @@ class StepTuner:
                 notes += [c.note] if c.note else []
         if not pooled:
             return None
-        timings = [Timing(s, statistics.median(x) if x else None, len(x), notes[0] if notes else "")
+        timings = [Timing(s, _pace(x) if x else None, len(x), notes[0] if notes else "")  # (as chosen)
                    for s, x, notes in pooled.values()]
         cal = Calibration(what, timings, seconds_spent=self.seconds)
         chosen = {k: self.current[k] for k in SETTINGS}
