@@ -42,6 +42,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def bf16_keeps_up(monkeypatch):
+    """A CPU whose bf16 matmuls keep up with fp32's (an AMX Xeon's), for the tests that replay its timings: where
+    bf16 is emulated the planner does not time it at all (runtime/cpu.cpu_precisions)."""
+    import vitkit.runtime.cpu as cpu_mod
+
+    monkeypatch.setattr(cpu_mod, "bf16_matmul_slowdown", lambda: 1.0)
+
+
 def tiny_config(**kw):
     from vitkit import ViTConfig
 

@@ -108,6 +108,7 @@ def _replayed_run(monkeypatch, tmp_path, **kw):
     return t, t.fit(), said, calls
 
 
+@pytest.mark.usefixtures("bf16_keeps_up")
 def test_a_run_decides_its_settings_on_its_own_first_steps_each_of_which_trains(monkeypatch, tmp_path):
     t, r, said, planner_steps = _replayed_run(monkeypatch, tmp_path)
     # the planner timed one step (a warm-up and two timed calls of one candidate), not every candidate
@@ -127,6 +128,7 @@ def test_a_run_decides_its_settings_on_its_own_first_steps_each_of_which_trains(
     assert {k: yaml.safe_load((run / "config.yaml").read_text())[k] for k in chosen} == chosen
 
 
+@pytest.mark.usefixtures("bf16_keeps_up")
 def test_the_next_run_of_the_same_shape_reads_its_settings_from_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
     _replayed_run(monkeypatch, tmp_path / "a")
@@ -135,6 +137,7 @@ def test_the_next_run_of_the_same_shape_reads_its_settings_from_the_cache(monkey
     assert t.cfg.attention == "exact" and t.cfg.precision == "bf16"
 
 
+@pytest.mark.usefixtures("bf16_keeps_up")
 def test_a_budget_too_short_to_repay_a_timing_does_not_time_it(monkeypatch):
     cfg = TrainConfig(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
                       compile=False, time_limit=0.05, model_args={"depth": 1, "embed_dim": 32, "num_heads": 2})

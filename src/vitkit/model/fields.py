@@ -31,12 +31,13 @@ def coerce_fields(obj: Any, source: str) -> None:
     pair. Refused: text that is no number, a fraction for an int, NaN or infinity, a bool for a number."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        new = _coerce(value, str(f.type), f"{source}: {f.name}")
+        new = coerce(value, str(f.type), f"{source}: {f.name}")
         if new is not value:
             object.__setattr__(obj, f.name, new)
 
 
-def _coerce(v: Any, typ: str, where: str) -> Any:
+def coerce(v: Any, typ: str, where: str) -> Any:
+    """``v`` as the type ``typ`` (a field's annotation, as text) names, or a ConfigError naming ``where``."""
     kinds = [t.strip() for t in typ.split("|")]
     if v is None:
         if "None" in kinds:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -71,6 +72,39 @@ def reports_bf16_unit() -> bool:
     as fp32 too."""
     cpu = torch.cpu
     return any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+BF16_SLOW = 1.5  # bf16 matmuls this many times an fp32 one's: bf16 is not a candidate on this CPU (see below)
+
+
+@functools.cache
+def bf16_matmul_slowdown(n: int = 256) -> float:
+    """How many times an fp32 matmul's time a bf16 one takes on this CPU (n x n by n x n; each warmed once, then
+    the least of three, round-robin, so that a neighbour's load falls on both alike). A timing, not a flag: on a
+    2-core AMD EPYC with AVX2 only, bf16 is emulated at ~128x fp32 (1024: 2.7 s against 21 ms), and one bf16
+    training step of the CIFAR-10 hybrid, its warm-up, cost 20.3 s against fp32's 1.57 s before it could be cut;
+    this costs ~0.2 s there and ~1 ms where bf16 has a unit."""
+    a = {dt: torch.randn(n, n).to(dt) for dt in (torch.float32, torch.bfloat16)}
+    best = {dt: float("inf") for dt in a}
+    for rep in range(4):
+        for dt, m in a.items():
+            started = time.perf_counter()
+            m @ m
+            if rep:  # (the first of each builds its kernel)
+                best[dt] = min(best[dt], time.perf_counter() - started)
+    return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
+
+
+def cpu_precisions() -> tuple[list[str], str]:
+    """The precisions worth timing on this CPU, the first timed first, and a note where bf16 is left out: its
+    matmuls are ``BF16_SLOW`` or more times fp32's, so no step of it can win, and its first step alone could cost
+    many of fp32's. Where the CPU reports a bf16 unit, bf16 is timed first; the flag decides nothing (CPUs with it
+    where bf16 is half as fast as fp32 exist)."""
+    slow = bf16_matmul_slowdown()
+    if slow >= BF16_SLOW:
+        return ["fp32"], (f"precision: bf16 not timed (its matmuls take {slow:.1f}x fp32's on this CPU"
+                          f"{', emulated' if slow >= 4 else ''}; --precision bf16 to use it anyway)")
+    return (["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]), ""
 
 
 def machine_name(device: torch.device) -> str:

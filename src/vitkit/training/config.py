@@ -13,7 +13,7 @@ import yaml
 from ..data.datasets import DATASETS, FILE_DATASETS
 from ..data.folder import DATA_MODES
 from ..model.config import ViTConfig
-from ..model.fields import check_keys, check_range, coerce_fields
+from ..model.fields import ConfigError, check_keys, check_range, coerce, coerce_fields
 from ..runtime.precision import TRAIN_PRECISIONS
 from .evaluate import EVAL_BATCH_SIZE
 
@@ -79,7 +79,9 @@ class TrainConfig:
     objective: str = "classify"
     mask_ratio: float | None = None  # the share of patches masked: None = the method's own (MPP 0.5, MAE 0.75)
     mpp_target: str = "mean"  # mean (the 3-bit mean colour, 512 classes) | 4x4 (16 of them) | l2 (the patch's pixels)
-    norm_pix_loss: bool = True  # MAE: each target patch standardised by its own mean and variance (He et al.)
+    # MAE: each target patch standardised by its own mean and variance (He et al.'s); None: so, unless a continued
+    # pre-training's checkpoint (--init) says otherwise: the mask ratio's rule (issue 81, S2)
+    norm_pix_loss: bool | None = None
     decoder_width: int | None = None  # MAE's decoder; None = scaled to the encoder (model/ssl.py decoder_config)
     decoder_depth: int | None = None
     decoder_heads: int | None = None
@@ -257,6 +259,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     d = safe_yaml(p)
     if not isinstance(d, dict):
         raise ValueError(f"{p}: expected a mapping of TrainConfig keys, got {type(d).__name__}")
+    if isinstance(d.get("model"), dict):  # (the sources' merge looked the mapping up by name: a TypeError)
+        raise ConfigError(f"{p}: model names a model (e.g. vit_tiny_patch16_224; `vitkit models` lists them), got "
+                          f"the mapping {d['model']!r}: its settings go under model_args: {{depth: 6, ...}}")
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    d = {k: coerce(v, types[k], f"{p}: {k}") if k in types else v for k, v in d.items()}  # each named by its file
     if "model_args" in d and not isinstance(d["model_args"], dict):
         raise ValueError(f"{p}: model_args must be a mapping of ViTConfig keys ({{depth: 6, ...}}), got "
                          f"{d['model_args']!r}")

@@ -32,7 +32,7 @@ def ssl_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The objective's parts as model/ssl.py builds them (``build_ssl``), from the run's config."""
     if cfg.objective == "mae":
         return {"method": "mae", "mask_ratio": cfg.mask_ratio if cfg.mask_ratio is not None else 0.75,
-                "norm_pix_loss": cfg.norm_pix_loss, "decoder_width": cfg.decoder_width,
+                "norm_pix_loss": cfg.norm_pix_loss is not False, "decoder_width": cfg.decoder_width,
                 "decoder_depth": cfg.decoder_depth, "decoder_heads": cfg.decoder_heads}
     return {"method": "mpp", "target": cfg.mpp_target,
             "mask_ratio": cfg.mask_ratio if cfg.mask_ratio is not None else 0.5}
@@ -115,9 +115,10 @@ class SelfSupervised(Classify):
 
     def _continued(self, module: nn.Module, init: Path) -> tuple[nn.Module, str]:
         """Pre-training continued from ``init``'s parts: its decoder's shape is the saved one (a flag that asks
-        another is refused by name); the mask ratio and MAE's pixel standardisation are the flags' where given.
-        Returns the module and what the flags changed, for the note."""
-        cfg, said = self.cfg, []
+        another is refused by name); the mask ratio and MAE's pixel standardisation are the checkpoint's, or the
+        flags' where given.
+        Returns the module and what the flags changed and what was kept, for the note."""
+        cfg, said, kept = self.cfg, [], []
         if isinstance(module, MaskedAutoencoder):
             d = module.decoder_cfg
             for key, have in (("decoder_width", d.embed_dim), ("decoder_depth", d.depth),
@@ -126,16 +127,21 @@ class SelfSupervised(Classify):
                     raise ValueError(f"--{key.replace('_', '-')} {getattr(cfg, key)}: {init}'s decoder, which this "
                                      f"run continues, has {have}; leave the flag out, or pre-train a new decoder "
                                      f"on its encoder (--init a copy of {init} without {SSL_CONFIG})")
-            if cfg.norm_pix_loss != module.norm_pix_loss:
+            if cfg.norm_pix_loss is not None and cfg.norm_pix_loss != module.norm_pix_loss:
                 said.append(f"norm_pix_loss {module.norm_pix_loss} -> {cfg.norm_pix_loss}")
                 module.norm_pix_loss = cfg.norm_pix_loss
+            elif cfg.norm_pix_loss is None:
+                kept.append(f"norm_pix_loss {module.norm_pix_loss}")
         ratio = module.mask_ratio if isinstance(module, MaskedAutoencoder) else module.corrupt
-        if cfg.mask_ratio is not None and cfg.mask_ratio != ratio:
+        if cfg.mask_ratio is None:
+            kept.append(f"mask ratio {ratio:g}")
+        elif cfg.mask_ratio != ratio:
             said.append(f"mask ratio {ratio:g} -> {cfg.mask_ratio:g}")
             rebuilt = build_ssl(module.encoder, {**ssl_config(module), "mask_ratio": cfg.mask_ratio})  # checks it
             rebuilt.load_state_dict(module.state_dict())
             module = rebuilt
-        return module, f"; as the flags ask: {', '.join(said)}" if said else ""
+        return module, "".join([f"; as the flags ask: {', '.join(said)}" if said else "",
+                                f"; its own {' and '.join(kept)} (no flag changes them)" if kept else ""])
 
     def raw(self, x: torch.Tensor) -> torch.Tensor:
         """The standardised batch back in [0, 1]: MPP's colours are of the pixels, not of the standardised values."""

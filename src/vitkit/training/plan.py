@@ -34,7 +34,7 @@ import torch
 from ..data.datasets import DataSplits
 from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, NothingRuns, Timing, cached, cached_of_kind, calibrate
-from ..runtime.cpu import machine_name
+from ..runtime.cpu import cpu_precisions, machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
@@ -234,6 +234,8 @@ def _the_step(s: Planning) -> None:
     full-size step is run (the threads' and the candidates' timings run them), what fits in memory."""
     s.probe = _probe(s.cfg, s.data, s.device)
     s.cands = step_candidates(s.cfg, s.device, bool(getattr(s.probe.model.config, "hybrid", None)))
+    if s.cfg.precision == "auto" and s.device.type == "cpu" and (left_out := cpu_precisions()[1]):
+        s.plan.notes.append(left_out)
     s.cfg, s.probe, s.cands = _fit_memory(s.cfg, s.data, s.device, s.plan, s.probe, s.cands, s.log)
 
 
@@ -702,7 +704,8 @@ def _try_tier(cfg: TrainConfig, tier: dict[str, Any], data: DataSplits, device: 
     new_cal = time_step(f"training step ({_describe_model(new_probe.model)}, batch {new_probe.n}; the tier's model)",
                         device, step_workload(new, new_probe.model, new_probe.n, device), close, new_probe.make,
                         refresh, one=in_run is not None, reuse=cal if in_run is not None and same_model else None)
-    p.calibrations.append(new_cal)
+    if new_cal is not cal:  # (the step timed before, reused: listed once)
+        p.calibrations.append(new_cal)
     if "above" in tier:
         # On its own step an upward tier must still buy the epochs it is for: its own bound (the tier above 50's
         # regularisation is for a model seeing 50 or more epochs; its drop path makes the step a little slower, and

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from ..data.augment import BatchAugment, batches
 from ..data.datasets import DataSplits
-from ..runtime.cpu import reports_bf16_unit
+from ..runtime.cpu import cpu_precisions
 from ..runtime.precision import autocast_for, matmul_precision
 from .build import apply_layout, augment_for, build_model, preprocessing_for
 from .config import TrainConfig
@@ -19,8 +19,8 @@ from .optim import build_optimizer, freeze_body
 
 
 def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True) -> list[dict[str, Any]]:
-    """Every combination of the settings left ``auto``. CPU flags only order them: where the CPU reports no bf16
-    unit, fp32 is timed first, so that an emulated bf16 is cut at its first call. The memory layout is a candidate
+    """Every combination of the settings left ``auto``. On a CPU, bf16 only where its matmuls are not much slower
+    than fp32's (runtime/cpu.cpu_precisions, timed; CPU flags only order them). The memory layout is a candidate
     only for a model with a CNN stem (``hybrid``): elsewhere it moves one small convolution."""
     if cfg.precision != "auto":
         precisions = [cfg.precision]
@@ -29,7 +29,7 @@ def step_candidates(cfg: TrainConfig, device: torch.device, hybrid: bool = True)
     elif device.type == "cuda":  # fp32 with TF32 matmuls where the GPU has TF32 tensor cores (Ampere on)
         precisions = ["bf16", "tf32", "fp32"] if torch.cuda.get_device_capability(device)[0] >= 8 else ["bf16", "fp32"]
     elif device.type == "cpu":
-        precisions = ["bf16", "fp32"] if reports_bf16_unit() else ["fp32", "bf16"]
+        precisions = cpu_precisions()[0]
     else:
         precisions = ["fp32"]  # MPS: bf16 autocast is not complete there
     attentions = ["sdpa", "exact"] if cfg.attention == "auto" else [cfg.attention]

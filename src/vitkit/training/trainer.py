@@ -345,7 +345,8 @@ class Trainer:
             pace = self.batch_seconds or 0.0
             left = (self.total_steps - self.step) * self.cfg.grad_accum * pace
             share = ""
-        self.log(f"step {self.step}/{self.total_steps} (epoch {self.epoch + 1}): loss {loss:.4f}, {img_s:.0f} img/s"
+        of = "" if self.budget and self.budget.sec_per_step is None else f"/{self.total_steps}"  # (none fitted yet)
+        self.log(f"step {self.step}{of} (epoch {self.epoch + 1}): loss {loss:.4f}, {img_s:.0f} img/s"
                  f"{share}, ~{left:.0f} s left")
 
     def _check_pace(self) -> None:
