@@ -59,7 +59,7 @@ def test_continued_pretraining_takes_the_flags_or_refuses_them_and_says_what_it_
     (alone / "ssl.json").unlink()
     assert main(["pretrain", "--method", "mae", "--init", str(alone), "--epochs", "1",
                  "--output", str(tmp_path / "c")]) == 0
-    assert f"the MAE decoder: new ({alone} holds the encoder alone" in capsys.readouterr().out
+    assert f"the MAE decoder: new ({alone} has ssl.safetensors but not ssl.json" in capsys.readouterr().out
     assert main(["pretrain", "--method", "mpp", "--init", str(best), "--epochs", "1",
                  "--output", str(tmp_path / "d")]) == 0
     assert f"new ({best} holds mae parts, not mpp's" in capsys.readouterr().out

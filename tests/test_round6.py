@@ -46,3 +46,57 @@ def test_s2_continued_mae_keeps_the_checkpoints_norm_pix_loss_unless_a_flag_says
     assert json.loads((tmp_path / "asked" / "best" / "ssl.json").read_text())["norm_pix_loss"] is True
     assert main(["pretrain", "--method", "mae", "--epochs", "1", *TINY, "--output", str(tmp_path / "new")]) == 0
     assert json.loads((tmp_path / "new" / "best" / "ssl.json").read_text())["norm_pix_loss"] is True  # He et al.'s
+
+
+def test_c1_a_run_folder_whose_first_last_save_died_can_be_started_over_and_nothing_is_lost(tmp_path, capsys):
+    """kill -9 or a full disk during the first save of last/, best/ already written: every command answered
+    "already holds a run; use --resume auto", and --resume auto answered the same."""
+    import shutil
+
+    run = tmp_path / "run"
+    cmd = ["train", "--epochs", "1", *TINY, "--output", str(run)]
+    assert main(cmd) == 0
+    shutil.rmtree(run / "last")
+    best = (run / "best" / "model.safetensors").read_bytes()
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    capsys.readouterr()
+    line = _one_line(capsys, main(cmd), "--resume auto starts it over there")
+    assert "no last/ checkpoint" in line and (run / "best").is_dir()  # refused, nothing touched
+    assert main([*cmd, "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run} holds no last/ checkpoint to continue" in out and "starting it over there" in out
+    aside = next(run.glob("before-restart-*"))
+    assert (aside / "best" / "model.safetensors").read_bytes() == best and (aside / "metrics.jsonl").is_file()
+    assert (run / "last" / "train_state.pt").is_file() and (run / "best").is_dir()  # the new run's
+    assert main(["train", "--resume", str(copy)]) == 0  # the folder named: the same
+    assert "starting it over there" in capsys.readouterr().out and next(copy.glob("before-restart-*"))
+
+
+def test_u3_a_batch_larger_than_the_data_is_refused_by_its_count_before_memory_is_measured(capsys):
+    code = main(["train", "-b", "100000", "--epochs", "1", *TINY])
+    said = capsys.readouterr()
+    assert code == 2 and "Traceback" not in said.err and len(said.err.strip().splitlines()) == 1
+    assert "1,437 training images are fewer than one global batch of 100,000" in said.err
+    assert "--batch-size 100,000" in said.err and "memory" not in said.out  # (was: split 50000 x 2 first)
+
+
+def test_u2_a_checkpoint_missing_one_of_its_two_objective_files_names_the_one_missing(tmp_path, capsys):
+    import shutil
+
+    first = tmp_path / "mae"
+    assert main(["pretrain", "--method", "mae", "--epochs", "1", *TINY, "--output", str(first)]) == 0
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(first / "best", no_weights)
+    (no_weights / "ssl.safetensors").unlink()
+    capsys.readouterr()
+    code = main(["pretrain", "--method", "mae", "--init", str(no_weights), "--epochs", "1",
+                 "--output", str(tmp_path / "a")])
+    _one_line(capsys, code, f"{no_weights}: ssl.json is there, but not ssl.safetensors")
+    no_json = tmp_path / "no-json"
+    shutil.copytree(first / "best", no_json)
+    (no_json / "ssl.json").unlink()
+    assert main(["pretrain", "--method", "mae", "--init", str(no_json), "--epochs", "1",
+                 "--output", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert f"has ssl.safetensors but not ssl.json, which says what they are" in out and "no ssl.json and" not in out

@@ -195,11 +195,33 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_output(cfg) -> None:  # type: ignore[no-untyped-def]
+RUN_PARTS = ("best", "metrics.jsonl", "tb", "curves.png", "plan.json", "config.yaml")  # a run's, beside last/
+
+
+def _check_output(cfg, asked_resume: str | None = None, rank: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """The run's folder is new, a run to continue (``cfg.resume``), or refused, nothing overwritten.
+    ``asked_resume``: the --resume the user gave, where there was nothing to resume (no last/)."""
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--output {out} is a file, not a folder; choose another --output (nothing was "
                               "overwritten)")
+    held = [n for n in ("best", "metrics.jsonl") if (out / n).exists()]
+    if not cfg.resume and held and not (out / "last").exists():
+        # killed (or out of disk) during its first save of last/, best/ written: nothing to continue from
+        if not asked_resume:
+            raise FileExistsError(f"{out} holds a run with no last/ checkpoint to continue (its {', '.join(held)}; "
+                                  "a run stopped while saving last/): --resume auto starts it over there, its "
+                                  "files moved into a folder beside them; or another --output (nothing was "
+                                  "overwritten)")
+        if rank == 0:
+            aside = out / time.strftime("before-restart-%Y%m%d-%H%M%S")
+            aside.mkdir()
+            moved = [n for n in RUN_PARTS if (out / n).exists()]
+            for n in moved:
+                (out / n).rename(aside / n)
+            print(f"{out} holds no last/ checkpoint to continue (its {', '.join(held)}; a run stopped while saving "
+                  f"last/): starting it over there; its {', '.join(moved)} moved to {aside}", flush=True)
+        return
     if not cfg.resume and out.exists() and any((out / n).exists() for n in ("last", "best", "metrics.jsonl")):
         raise FileExistsError(f"{out} already holds a run; use --resume auto to continue it, or another --output "
                               "(nothing was overwritten)")
@@ -281,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
             dist.broadcast_object_list(obj, src=0)
             cfg.output = obj[0]
     try:
-        _check_output(cfg)
+        _check_output(cfg, getattr(args, "resume", None), rank)
     except FileExistsError as e:
         print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 2

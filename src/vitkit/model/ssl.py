@@ -391,9 +391,13 @@ def load_ssl(directory: str | Path, encoder: VisionTransformer) -> nn.Module:
     """The self-supervised module a checkpoint folder holds: ``encoder`` (loaded from its model.safetensors) with
     the parts ``ssl.safetensors`` and ``ssl.json`` rebuild; a ValueError naming what is missing or does not fit."""
     d = Path(directory)
-    if not (d / SSL_CONFIG).is_file() or not (d / SSL_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{d}: no {SSL_CONFIG} and {SSL_WEIGHTS} (a self-supervised run's checkpoint has "
-                                "them beside the encoder)")
+    missing = [n for n in (SSL_CONFIG, SSL_WEIGHTS) if not (d / n).is_file()]
+    if missing:
+        has = [n for n in (SSL_CONFIG, SSL_WEIGHTS) if n not in missing]
+        raise FileNotFoundError(f"{d}: " + (f"{has[0]} is there, but not {missing[0]}" if has else
+                                            f"no {SSL_CONFIG} and {SSL_WEIGHTS}") +
+                                " (a self-supervised run's checkpoint has both beside the encoder: the settings and "
+                                "the weights of its decoder or head)")
     try:
         cfg = json.loads((d / SSL_CONFIG).read_text())
     except ValueError as e:

@@ -111,6 +111,9 @@ class SelfSupervised(Classify):
                 return module
         if init is not None and not self.note:
             self.note = f"the {what}: new ({init} holds the encoder alone: no {SSL_CONFIG} and {SSL_WEIGHTS})"
+            if (init / SSL_WEIGHTS).is_file():  # weights without the settings that say how to build them
+                self.note = (f"the {what}: new ({init} has {SSL_WEIGHTS} but not {SSL_CONFIG}, which says what they "
+                             f"are and how to build them, so they are not read; its encoder is)")
         return build_ssl(model, ssl_settings(self.cfg))
 
     def _continued(self, module: nn.Module, init: Path) -> tuple[nn.Module, str]:

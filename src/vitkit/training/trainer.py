@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..data.augment import batches
 from ..data.datasets import DataSplits
-from ..data.sampler import GlobalBatchSampler
+from ..data.sampler import GlobalBatchSampler, check_batches
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
@@ -112,20 +112,9 @@ class Trainer:
         self._tune_t0: float | None = None  # when the optimizer step being timed for the tuner began
         self._chosen_at: tuple[float, float] | None = None  # (the budget's pace at the chosen settings, when)
         self._retiming = False  # the tuner is timing the thread count again, mid-run (_check_pace)
+        check_batches(self.data.name, len(self.data.train), cfg.batch_size, cfg.grad_accum, self.world)
         self.sampler = GlobalBatchSampler(len(self.data.train), cfg.batch_size, self.rank, self.world, cfg.seed)
         batches = len(self.sampler) // cfg.batch_size  # whole batches an epoch, per process
-        if batches < cfg.grad_accum:  # not one optimiser step an epoch: the loop would never end
-            n = len(self.data.train)
-            over = f" over {self.world} processes" if self.world > 1 else ""
-            plural = "es" if batches != 1 else ""
-            per_process = n // self.world
-            fits = per_process // cfg.grad_accum  # the largest batch that keeps --grad-accum (0: none does)
-            advice = (f"lower --batch-size (at most {fits}) or --grad-accum" if fits >= 1 else
-                      f"lower --grad-accum (at most {max(1, batches)} at batch {cfg.batch_size}; even batch 1 makes "
-                      f"only {per_process} batches, fewer than {cfg.grad_accum})")
-            raise ValueError(f"{self.data.name}: {n} training images{over} make {batches} whole batch{plural} of "
-                             f"{cfg.batch_size} an epoch, fewer than the {cfg.grad_accum} one optimiser step "
-                             f"accumulates: {advice}")
         self.steps_per_epoch = batches // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = int(cfg.warmup_epochs * self.steps_per_epoch)
