@@ -14,7 +14,8 @@ TINY = ["--depth", "1", "--embed-dim", "32", "--num-heads", "2"]
 
 def _one_line(capsys, code, want: str) -> str:
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = [line.split("\r")[-1] for line in err.splitlines() if line.strip()]
+    lines = [line for line in lines if line.strip() and "it/s]" not in line]  # (a progress bar's)
     assert code == 2 and "Traceback" not in err and len(lines) == 1 and want in lines[0], err
     return lines[0]
 
@@ -100,3 +101,36 @@ def test_u2_a_checkpoint_missing_one_of_its_two_objective_files_names_the_one_mi
                  "--output", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert f"has ssl.safetensors but not ssl.json, which says what they are" in out and "no ssl.json and" not in out
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is ``width`` x ``height`` (IHDR, then IEND: no pixels); PIL reads its size at open."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)) \
+        + chunk(b"IEND", b"")
+
+
+def test_u11_an_image_too_large_to_decode_is_refused_for_its_size(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(tmp_path / split / c / f"{i}.png")
+    bomb = tmp_path / "train" / "a" / "huge.png"
+    bomb.write_bytes(_png_header(60000, 60000))
+    code = main(["train", "--dataset", "folder", "--data-dir", str(tmp_path), "--epochs", "1", *TINY,
+                 "--output", str(tmp_path / "run")])
+    line = _one_line(capsys, code, str(bomb))
+    assert "3,600,000,000 pixels, more than the limit of" in line and "not an image PIL can read" not in line
+    from vitkit.data.images import BadImageError, open_image
+
+    with pytest.raises(BadImageError, match="3,600,000,000 pixels, more than the limit of 40,000,000"):
+        open_image(bomb.read_bytes(), str(bomb))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from typing import Any
 
@@ -23,6 +24,14 @@ class BadImageError(ValueError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"cannot decode image {path}: {reason}")
         self.path = path
+
+
+def too_many_pixels(e: Exception, limit: int | None = MAX_PIXELS) -> str:
+    """The reason for PIL's DecompressionBombError (raised at open, far above PIL's own limit): the image's size,
+    not "an image PIL cannot read"."""
+    found = re.search(r"\((\d+) pixels\)", str(e))
+    has = f"{int(found[1]):,} pixels" if found else "too many pixels"
+    return f"{has}, more than the limit of {limit or Image.MAX_IMAGE_PIXELS:,} an image may decode to"
 
 
 def open_image(data: bytes, path: str = "<bytes>", max_pixels: int | None = MAX_PIXELS,
@@ -58,6 +67,8 @@ def decode_within(data: bytes, path: str = "<bytes>", max_pixels: int | None = M
             img = _resizable(img).resize((box[1], box[0]), Image.BICUBIC, reducing_gap=2.0)
     except BadImageError:
         raise
+    except Image.DecompressionBombError as e:
+        raise BadImageError(path, too_many_pixels(e, max_pixels)) from None
     except UnidentifiedImageError:  # PIL's own text names its BytesIO, not the file
         raise BadImageError(path, "not an image format PIL can read") from None
     except DECODE_ERRORS as e:

@@ -31,7 +31,8 @@ from PIL import Image
 from ..model.serialization import atomic_write
 from ..runtime.memory import release_free_memory
 from .device_decode import decode_batch, jpeg_orientation
-from .images import BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array
+from .images import (BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array,
+                     too_many_pixels)
 
 PREFETCH = 4  # batches each worker keeps ready: enough to hide a slow file, bounded memory
 WORKER_TIMEOUT_S = 600  # a worker silent this long (a hung network mount) is an error, not a hang
@@ -129,6 +130,8 @@ def header(data: bytes, where: str) -> tuple[tuple[int, int], bool]:
             rotated = exif.get(0x0112, 1) in (5, 6, 7, 8)
             hw = (im.width, im.height) if rotated else (im.height, im.width)
             return hw, is_gray(im)
+    except Image.DecompressionBombError as e:  # its size is the reason (serve and predict say so too)
+        raise BadImageError(where, too_many_pixels(e)) from None
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds for a file that is not an image
         raise BadImageError(where, f"not an image PIL can read ({type(e).__name__}: {e})") from None
 

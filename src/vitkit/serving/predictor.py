@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data.images import MAX_PIXELS, BadImageError, open_image
+from ..data.images import MAX_PIXELS, BadImageError, open_image, too_many_pixels
 from ..data.preprocess import decode_side, images_to_tensor, model_view
 from ..inspect.analysis import rollout_from_attentions
 from ..inspect.explanations import CLASS_SPECIFIC, METHODS, explain, resolve_target
@@ -72,9 +71,7 @@ def decode_upload(data: bytes, limits: Limits, max_side: int | None = None) -> I
         with Image.open(io.BytesIO(data)) as probe:
             fmt = probe.format
     except Image.DecompressionBombError as e:  # PIL refuses at open when far above its own limit
-        found = re.search(r"\((\d+) pixels\)", str(e))
-        has = f"the image has {int(found[1]):,} pixels" if found else "the image has too many pixels"
-        raise UploadError(f"{has}, more than the limit of {limits.max_pixels:,}") from None
+        raise UploadError(f"the image has {too_many_pixels(e, limits.max_pixels)}") from None
     except Exception:  # noqa: BLE001 - anything PIL cannot identify is "not an image" to the user
         raise UploadError("not an image PIL can read; upload PNG, JPEG, WebP, BMP or GIF") from None
     if fmt not in ALLOWED_FORMATS:
