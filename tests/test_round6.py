@@ -134,3 +134,10 @@ def test_u11_an_image_too_large_to_decode_is_refused_for_its_size(tmp_path, caps
 
     with pytest.raises(BadImageError, match="3,600,000,000 pixels, more than the limit of 40,000,000"):
         open_image(bomb.read_bytes(), str(bomb))
+
+
+@pytest.mark.parametrize("flags,want", [
+    (["--compile", "reduce-overhead"], "--compile reduce-overhead: CUDA graphs, which a GPU runs; this run is on cpu"),
+    (["--decode", "workers"], "--decode workers: where streamed files are decoded; digits is held in memory")])
+def test_u9_a_setting_that_means_nothing_here_is_refused_not_ignored(flags, want, capsys):
+    _one_line(capsys, main(["train", "--epochs", "1", *TINY, *flags]), want)

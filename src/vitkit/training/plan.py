@@ -47,7 +47,7 @@ from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, dec
                            expected_compile_gain, trained_step_s,  # (COMPILE_GAIN, compile_*: public names)
                            would_time_compile)
 from .build import build_data, for_run, model_config, resident_bytes
-from .config import TIER_BOUNDS, TrainConfig, describe_changes
+from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .memory_plan import check_weights_fit, decide_memory, optimizer_moments
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
@@ -134,6 +134,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
     check_batches(data.name, len(data.train), cfg.batch_size, cfg.grad_accum, world)  # before memory is measured
+    _check_device_settings(cfg, data, device)
     if in_run and world == 1 and threads_note == "" and device.type == "cpu":
         _plan_on_the_free_cores(p)
     if rank == 0:
@@ -331,6 +332,20 @@ def time_step(what: str, device: torch.device, workload: dict[str, Any], cands: 
         return calibrate(what, device, workload, cands, make, refresh=refresh)
     return Calibration(f"{what}; one step, the others timed on the run's first steps",
                        [Timing(first, min(samples), len(samples), note)], seconds_spent=time.perf_counter() - t0)
+
+
+def _check_device_settings(cfg: TrainConfig, data: DataSplits, device: torch.device) -> None:
+    """Settings that mean nothing for this device or data are refused, not accepted and ignored (torch warned "No
+    CUDA runtime" for CUDA graphs on a CPU, and --decode on data held in memory changed nothing, unsaid). A resumed
+    run's are its own plan's (decided on another machine, or for data streamed then), not the user's flags."""
+    if cfg.resume:
+        return
+    if cfg.compile in COMPILE_MODES and device.type != "cuda":
+        raise ValueError(f"--compile {cfg.compile}: CUDA graphs, which a GPU runs; this run is on {device.type}: "
+                         "--compile true (Inductor's default mode) or auto")
+    if cfg.decode != "auto" and not data.streamed:
+        raise ValueError(f"--decode {cfg.decode}: where streamed files are decoded; {data.name} is held in memory, "
+                         "decoded once before training: leave --decode out, or --data-mode stream")
 
 
 def prior_first(cands: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
