@@ -70,12 +70,24 @@ def test_ctrl_c_during_start_up_ends_quietly_with_130(tmp_path, when):
     """A real SIGINT to `python -m vitkit train` at the moment a start-up import begins (an event, not a clock):
     importing vitkit's command line, torch, torch.distributed (where an exception raised inside torch's C++ import
     aborted the process with "terminate called after throwing ... pybind11::error_already_set"). Nothing had begun:
-    exit 130, no traceback, no run folder."""
+    exit 130, no traceback, no run folder, and one line (there was none: issue 81, U1)."""
     p = _vitkit_train(f"WHEN = {when!r}\nOUT = {str(tmp_path / 'x')!r}\n" + HOOK)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, err[-2000:])
-    assert "Traceback" not in err and "terminate called" not in err and not err.strip(), err[-2000:]
+    assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
+    assert err.split() == "vitkit train: interrupted before it began (nothing was done)".split(), err[-2000:]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_ctrl_c_while_the_process_exits_ends_it_with_130_not_by_the_signal():
+    """A SIGINT after the command returned, while the interpreter exits (a terminal's Ctrl-C passed on again):
+    Python's own handler raised it into the shutdown, and the process died by SIGINT (exit -2; issue 81, C3)."""
+    code = ("import os, signal, sys, time\nfrom vitkit.cli.main import main\nsys.argv = ['vitkit', 'models']\n"
+            "rc = main()\nprint('returned', rc, flush=True)\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(2)\n"
+            "sys.exit(rc)")
+    p = _vitkit_train(code)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "returned 0" in out and "Traceback" not in err, (p.returncode, err[-2000:])
 
 
 def test_ctrl_c_once_the_command_has_begun_is_one_line_and_130(tmp_path):

@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
         if getattr(args, "_run", None):
             import torch  # noqa: F401 - imported here, where a Ctrl-C cannot interrupt its C++ half-way
             import torch.distributed  # noqa: F401 - (its import was where the aborts happened)
-        if interrupted:  # before any work began: nothing to say
+        if interrupted:  # before any work began: one line, nothing done
+            print(f"\n{' '.join(filter(None, ('vitkit', command)))}: interrupted before it began (nothing was done)",
+                  file=sys.stderr)
             return 130
         raising[0] = True
         code = _main(args)
@@ -121,8 +123,22 @@ def main(argv: list[str] | None = None, early: list[int] | None = None) -> int:
         return 130
     finally:
         raising[0] = False  # a late signal while this returns is noted, not raised into the interpreter's exit
-        if ours:  # Python's own handler again (also in place of `python -m vitkit`'s early one)
+        if ours and argv is not None:  # a call from Python: its own handler again
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        elif ours:  # the whole process: a Ctrl-C while it exits (a terminal's, passed on again by a launcher)
+            signal.signal(signal.SIGINT, _exit_as_interrupted)  # ends it with 130, not -2 and a traceback
+
+
+def _exit_as_interrupted(signum: int, frame: object) -> None:
+    """A SIGINT after the command ended, while the interpreter exits: Python's own handler would raise a
+    KeyboardInterrupt into its shutdown and end the process by SIGINT (exit -2, 2 of 11 runs of a Ctrl-C ~2 s in).
+    What was printed is flushed; the exit is 130, as for any Ctrl-C."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):  # (closed, or flushing already: a reentrant call)
+            pass
+    os._exit(130)
 
 
 def _parse(argv: list[str] | None, started: float) -> argparse.Namespace | int:
