@@ -141,3 +141,34 @@ def test_u11_an_image_too_large_to_decode_is_refused_for_its_size(tmp_path, caps
     (["--decode", "workers"], "--decode workers: where streamed files are decoded; digits is held in memory")])
 def test_u9_a_setting_that_means_nothing_here_is_refused_not_ignored(flags, want, capsys):
     _one_line(capsys, main(["train", "--epochs", "1", *TINY, *flags]), want)
+
+
+def test_s1_pretraining_never_trains_on_a_test_folder_beside_loose_training_images(tmp_path, capsys):
+    """train/ holds loose images, test/<class>/ is labelled: pre-training read all of it as one flat folder and
+    trained on the test images (142/8 re-split)."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data.folder import folder_items
+
+    def save(where, i):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (8, 8, 3), np.uint8)).save(where)
+
+    for i in range(12):
+        save(tmp_path / "train" / f"{i}.png", i)
+    for c in ("cat", "dog"):
+        for i in range(3):
+            save(tmp_path / "test" / c / f"{i}.png", 100 + i)
+    _, _, items = folder_items(str(tmp_path), unlabeled=True)
+    assert sorted(n for n, _ in items["train"]) == sorted(f"train/{i}.png" for i in range(12))
+    assert sorted(n for n, _ in items["val"]) == sorted(f"test/{c}/{i}.png" for c in ("cat", "dog") for i in range(3))
+    assert main(["pretrain", "--method", "mae", "--dataset", "folder", "--data-dir", str(tmp_path), "--epochs", "1",
+                 *TINY, "--patch-size", "4", "--output", str(tmp_path.parent / f"{tmp_path.name}-run")]) == 0
+    assert "12 images outside test/ trained on; test/'s 6 validate" in capsys.readouterr().out
+    (tmp_path / "train").rename(tmp_path / "elsewhere")
+    import shutil
+
+    shutil.rmtree(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="every image is under test/, a split held out"):
+        folder_items(str(tmp_path), unlabeled=True)

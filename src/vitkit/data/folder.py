@@ -50,6 +50,7 @@ class _Source:
         roots: dict[str, set[str]] = {}  # the folder holding train/ val/ test/ -> the splits found there
         entries = []
         self.loose: list[tuple[str, str]] = []  # every image file, (name, stored), for a folder read without labels
+        self.held_note = ""  # read without labels: which images were held out (unlabeled_items)
         for stored in sorted(names):
             n = stored.replace("\\", "/")
             parts = Path(n).parts
@@ -310,7 +311,7 @@ def folder_items(path: str, unlabeled: bool = False) -> tuple[_Source, list[str]
     folder with train/ is read as always, its labels unread)."""
     src = _Source(Path(path))
     if unlabeled and "train" not in src.dirs:
-        return unlabeled_items(src, path)
+        return unlabeled_items(src, path, held_out_splits(src))
     if "train" not in src.dirs:
         raise FileNotFoundError(f"{path}: expected {path}/train/<class>/<image> (and val/ or test/); found splits "
                                 f"{sorted(src.dirs) or 'none'}" + (f" under {src.root}/" if src.root else ""))
@@ -332,9 +333,41 @@ def folder_items(path: str, unlabeled: bool = False) -> tuple[_Source, list[str]
     return src, classes, items
 
 
-def unlabeled_items(src: _Source, path: str) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
-    """A folder of images without splits or classes: every image, in name order, as the class "images"; every
-    ``UNLABELED_VAL``-th of them (at most ``UNLABELED_VAL_MAX``) the validation split."""
+def held_out_splits(src: _Source) -> dict[str, list[tuple[str, str]]]:
+    """The images under a val/ or test/ folder (at the layout's root), by split: a folder read without labels whose
+    train/ holds loose images and whose test/<class>/ is labelled was read as one flat folder, and its test images
+    were pre-trained on (issue 81, S1)."""
+    depth = len(Path(src.root).parts) if src.root else 0
+    held: dict[str, list[tuple[str, str]]] = {}
+    for n, stored in src.loose:
+        parts = Path(n).parts
+        if len(parts) > depth + 1 and parts[depth] in ("val", "test") and \
+                "/".join(parts[:depth]) == (src.root or ""):
+            held.setdefault(parts[depth], []).append((n, stored))
+    return held
+
+
+def unlabeled_items(src: _Source, path: str, held: dict[str, list[tuple[str, str]]] | None = None
+                    ) -> tuple[_Source, list[str], dict[str, list[tuple[str, int]]]]:
+    """A folder of images without classes: every image, in name order, as the class "images"; every
+    ``UNLABELED_VAL``-th of them (at most ``UNLABELED_VAL_MAX``) the validation split. ``held``: the images under
+    val/ or test/ folders (held_out_splits): never trained on; val/'s (else test/'s) are the validation split."""
+    if held:
+        out = {n for images in held.values() for n, _ in images}
+        train = [(n, stored) for n, stored in src.loose if n not in out]
+        if not train:
+            raise ValueError(f"{path}: every image is under {' or '.join(f'{k}/' for k in sorted(held))}, a split "
+                             "held out; pre-training reads train/ (or a folder without splits): point --data-dir at "
+                             "the training images")
+        val = held.get("val") or held["test"]
+        src.files = {"train": {"images": [n for n, _ in train]}, "val": {"images": [n for n, _ in val]}}
+        src.names = {**dict(train), **dict(val)}
+        src.held_note = (f"{len(train):,} images outside {' and '.join(f'{k}/' for k in sorted(held))} trained on; "
+                         f"{'val' if held.get('val') else 'test'}/'s {len(val):,} validate" +
+                         (f", test/'s {len(held['test']):,} are not read" if held.get("val") and held.get("test")
+                          else ""))
+        items = {s: [(src.names[n], 0) for n in src.files[s]["images"]] for s in ("train", "val")}
+        return src, ["images"], items
     if not src.loose:
         raise ValueError(f"{path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in it or below it")
     if len(src.loose) < 2:
@@ -363,7 +396,8 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     splits = load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
                          progress, max_side, crop, mode, say, budget_s=budget_s)
     if unlabeled and "train" not in src.dirs:  # (the share held out was not said, nor how to choose another)
-        flat = f"every {UNLABELED_VAL}th image set aside to validate (--holdout SHARE: a share of your choosing)"
+        flat = src.held_note or (f"every {UNLABELED_VAL}th image set aside to validate (--holdout "
+                                                 "SHARE: a share of your choosing)")
         splits = dataclasses.replace(splits, how=", ".join(filter(None, [splits.how, flat])))
     return splits
 
