@@ -26,8 +26,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "seeds) and MPP against the default at 1%%, 10%% and 100%% of the labels, ~280 minutes, and "
                         "the plain ViT's runs, 190-230)")
     p.add_argument("--quick", action="store_true",
-                   help="a tiny slice of the data, narrow models, one epoch a run: checks the machinery in about a "
-                        "minute, says nothing about the claim")
+                   help="a tiny slice of the data, narrow models, one epoch a run: checks the machinery, says "
+                        "nothing about the claim (about a minute for the claims of a few runs; self-supervision has "
+                        "27 runs, ~10 minutes on 2 CPU cores: --runs PREFIXES for fewer)")
     p.add_argument("--out", default=None, help="results folder (default results/<claim>[-quick]); a sweep that was "
                                                "stopped continues there")
     p.add_argument("--runs", default=None, metavar="PREFIXES",
