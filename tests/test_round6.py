@@ -172,3 +172,17 @@ def test_s1_pretraining_never_trains_on_a_test_folder_beside_loose_training_imag
     shutil.rmtree(tmp_path / "elsewhere")
     with pytest.raises(ValueError, match="every image is under test/, a split held out"):
         folder_items(str(tmp_path), unlabeled=True)
+
+
+def test_u10_a_tampered_checkpoint_config_is_named_not_blamed_on_the_data(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--epochs", "1", *TINY, "--output", str(run)]) == 0
+    cfg_file = run / "last" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["preprocessing"]["class_names"] = list("abcdefghij")
+    cfg_file.write_text(json.dumps(cfg))
+    capsys.readouterr()
+    line = _one_line(capsys, main(["train", "--resume", str(run), "--epochs", "2"]),
+                     f"{cfg_file} lists the classes [a, b, c, d, e, f, ... 10 in all], but the run's best/ and this "
+                     "data have")
+    assert "was changed after the run wrote it" in line and "this data has" not in line

@@ -706,15 +706,25 @@ class Trainer:
 def _check_same_classes(ckpt: Path, classes: list[str], run_dir: Path) -> None:
     """A resumed run trains on the classes its head was trained for: other class folders (another --data-dir)
     would train on and rewrite the checkpoint's class names, with every label meaning another class."""
-    try:
-        saved = json.loads((ckpt / CONFIG_NAME).read_text()).get("preprocessing", {}).get("class_names")
-    except (OSError, ValueError, AttributeError):
-        return  # an unreadable config: load_train_state and the weights' own checks name what is wrong
+    saved = _class_names(ckpt)
     if isinstance(saved, list) and saved and saved != classes:
+        if _class_names(run_dir / "best") == classes:  # the run's other checkpoint agrees with the data: the file
+            raise ValueError(f"--resume {run_dir}: {ckpt / CONFIG_NAME} lists the classes {_short(saved)}, but the "
+                             f"run's best/ and this data have {_short(classes)}: {ckpt / CONFIG_NAME} was changed "
+                             "after the run wrote it; restore it, or start a new run (another --output)")
         diff = sorted(set(saved) ^ set(classes))
         raise ValueError(f"--resume {run_dir}: the run trained on the classes {_short(saved)}, but this data has "
                          f"{_short(classes)}" + (f" (differ: {_short(diff)})" if diff else " (in another order)")
                          + ": resume with the run's own --data-dir, or start a new run (another --output)")
+
+
+def _class_names(ckpt: Path) -> Any:
+    """A checkpoint's class names as its config.json lists them; None where it cannot be read (load_train_state and
+    the weights' own checks name what is wrong then)."""
+    try:
+        return json.loads((ckpt / CONFIG_NAME).read_text()).get("preprocessing", {}).get("class_names")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _short(names: list[str], n: int = 6) -> str:
