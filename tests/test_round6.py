@@ -186,3 +186,13 @@ def test_u10_a_tampered_checkpoint_config_is_named_not_blamed_on_the_data(tmp_pa
                      f"{cfg_file} lists the classes [a, b, c, d, e, f, ... 10 in all], but the run's best/ and this "
                      "data have")
     assert "was changed after the run wrote it" in line and "this data has" not in line
+
+
+@pytest.mark.parametrize("flags,want", [
+    ([], "--estimate times a run streamed from the files; digits is held in memory"),
+    (["--dataset", "digits"], "--estimate times a run streamed from image files"),
+    (["--dataset", "folder", "--data-dir", "x", "--data-mode", "memory"], "--data-mode stream or auto, not memory")])
+def test_u6_estimate_on_data_held_in_memory_is_refused_before_the_plan(flags, want, capsys):
+    code = main(["train", "--estimate", *TINY, *flags])
+    said = capsys.readouterr()
+    assert code == 2 and want in said.err and "plan:" not in said.out, (said.out[-500:], said.err[-500:])

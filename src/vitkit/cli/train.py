@@ -145,6 +145,24 @@ def _estimate(cfg: Any, data: Any, recipe: str | None, say: Any, start: float, d
     return 0
 
 
+def _estimate_refuses(args: argparse.Namespace) -> str:
+    """Why ``--estimate`` cannot run on what the flags name, known before the data is read (it was refused after
+    the whole planning table and the decode into memory); with ``--data-mode auto`` the files are streamed, which
+    is what it times."""
+    from ..data import FILE_DATASETS
+
+    dataset = getattr(args, "dataset", None)
+    if dataset is not None and dataset not in FILE_DATASETS:
+        return (f"--estimate times a run streamed from image files (--dataset {' or '.join(FILE_DATASETS)}); "
+                f"{dataset} is held in memory")
+    if getattr(args, "data_mode", "auto") == "memory":
+        return ("--estimate times a run streamed from the files against the same step in memory: --data-mode "
+                "stream or auto, not memory")
+    if dataset in FILE_DATASETS or (dataset is None and getattr(args, "data_dir", None)):
+        args.data_mode = "stream"  # (a recipe's own in-memory dataset is refused once it is known, before the plan)
+    return ""
+
+
 def _auto_bool(text: str) -> bool | str:
     value = {"auto": "auto", "true": True, "on": True, "false": False, "off": False,
              "reduce-overhead": "reduce-overhead"}.get(text.lower())
@@ -290,11 +308,18 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError:  # rank 0 stopped before it (bad flags, data it could not read): it said why
             return 2
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
+    if getattr(args, "_estimate", None) is not None and (refused := _estimate_refuses(args)):
+        print(f"{_command(args)}: error: {refused}", file=sys.stderr)  # before anything is read or decoded
+        return 2
     cfg, data, recipe = resolve(sources(args), say, _progress())
     data = data or build_data(cfg)
     if distributed and rank == 0:
         rank0_done("data")
     if getattr(args, "_estimate", None) is not None:
+        if not data.streamed:  # (before the planning table)
+            print(f"{_command(args)}: error: --estimate times a run streamed from the files; {data.name} is held "
+                  "in memory", file=sys.stderr)
+            return 2
         return _estimate(cfg, data, recipe, say, start, distributed, args._estimate or len(data.train))
     if cfg.output is None:
         cfg.output = _default_output(args, cfg.dataset)
