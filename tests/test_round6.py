@@ -74,14 +74,6 @@ def test_c1_a_run_folder_whose_first_last_save_died_can_be_started_over_and_noth
     assert "starting it over there" in capsys.readouterr().out and next(copy.glob("before-restart-*"))
 
 
-def test_u3_a_batch_larger_than_the_data_is_refused_by_its_count_before_memory_is_measured(capsys):
-    code = main(["train", "-b", "100000", "--epochs", "1", *TINY])
-    said = capsys.readouterr()
-    assert code == 2 and "Traceback" not in said.err and len(said.err.strip().splitlines()) == 1
-    assert "1,437 training images are fewer than one global batch of 100,000" in said.err
-    assert "--batch-size 100,000" in said.err and "memory" not in said.out  # (was: split 50000 x 2 first)
-
-
 def test_u2_a_checkpoint_missing_one_of_its_two_objective_files_names_the_one_missing(tmp_path, capsys):
     import shutil
 

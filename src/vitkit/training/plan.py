@@ -32,7 +32,6 @@ from typing import Any, Callable
 import torch
 
 from ..data.datasets import DataSplits
-from ..data.sampler import check_batches
 from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, NothingRuns, Timing, cached, cached_of_kind, calibrate
 from ..runtime.cpu import cpu_precisions, fp32_matmul_flops, machine_name
@@ -133,7 +132,6 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     if len(data.classes) < 2 and cfg.objective == "classify":  # one class trains to "100%" and predicts it always
         raise ValueError(f"{data.name}: {len(data.classes)} class ({', '.join(map(str, data.classes))}); a "
                          "classifier needs at least 2 (one class folder per class under train/ and val/)")
-    check_batches(data.name, len(data.train), cfg.batch_size, cfg.grad_accum, world)  # before memory is measured
     _check_device_settings(cfg, data, device)
     if in_run and world == 1 and threads_note == "" and device.type == "cpu":
         _plan_on_the_free_cores(p)
