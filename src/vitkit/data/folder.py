@@ -396,8 +396,8 @@ def load_folder_splits(path: str, skip_bad_images: bool = False, size: tuple[int
     splits = load_images(path, src.reader, items, classes, src.fingerprint(), skip_bad_images, size, cache_dir,
                          progress, max_side, crop, mode, say, budget_s=budget_s)
     if unlabeled and "train" not in src.dirs:  # (the share held out was not said, nor how to choose another)
-        flat = src.held_note or (f"every {UNLABELED_VAL}th image set aside to validate (--holdout "
-                                                 "SHARE: a share of your choosing)")
+        flat = src.held_note or (f"every {UNLABELED_VAL}th image set aside to validate (--holdout SHARE: a share "
+                                 "of your choosing)")
         splits = dataclasses.replace(splits, how=", ".join(filter(None, [splits.how, flat])))
     return splits
 

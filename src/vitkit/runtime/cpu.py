@@ -83,7 +83,7 @@ def bf16_matmul_slowdown(n: int = 256) -> float:
     the least of three, round-robin, so that a neighbour's load falls on both alike). A timing, not a flag: on a
     2-core AMD EPYC with AVX2 only, bf16 is emulated at ~128x fp32 (1024: 2.7 s against 21 ms), and one bf16
     training step of the CIFAR-10 hybrid, its warm-up, cost 20.3 s against fp32's 1.57 s before it could be cut;
-    this costs ~0.2 s there and ~1 ms where bf16 has a unit."""
+    this costs ~0.1 s there."""
     a = {dt: torch.randn(n, n).to(dt) for dt in (torch.float32, torch.bfloat16)}
     best = {dt: float("inf") for dt in a}
     for rep in range(4):

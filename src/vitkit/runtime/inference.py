@@ -55,9 +55,9 @@ def split_bias(model: nn.Module) -> int:
 
 def inference_candidates(device: torch.device) -> list[dict[str, str]]:
     """The weights' dtypes and attention paths worth timing on ``device`` (on a CPU, bf16 where its matmuls are not
-    much slower than fp32's: runtime/cpu.cpu_precisions). The exact path (two matmuls and a softmax) beat PyTorch's fused attention for bf16 ViT-B/16
-    inference on an AMD EPYC with AVX512-BF16, where bf16 is the faster dtype (1726 against 1845 ms for batch 16,
-    `python benchmarks/plan_check.py`), so both are candidates."""
+    much slower than fp32's: runtime/cpu.cpu_precisions). The exact path (two matmuls and a softmax) beat PyTorch's
+    fused attention for bf16 ViT-B/16 inference on an AMD EPYC with AVX512-BF16, where bf16 is the faster dtype
+    (1726 against 1845 ms for batch 16, `python benchmarks/plan_check.py`), so both are candidates."""
     if device.type == "cuda":
         dtypes = ["bf16", "fp32"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp16", "fp32"]
     elif device.type == "cpu":
