@@ -188,3 +188,51 @@ def test_u6_estimate_on_data_held_in_memory_is_refused_before_the_plan(flags, wa
     code = main(["train", "--estimate", *TINY, *flags])
     said = capsys.readouterr()
     assert code == 2 and want in said.err and "plan:" not in said.out, (said.out[-500:], said.err[-500:])
+
+
+def test_new_user_serve_stopped_by_sigterm_ends_with_0_and_a_line(tmp_path):
+    """A service manager's stop (SIGTERM) ended `vitkit serve` with 143 and nothing said: uvicorn shuts down, then
+    raises the signal again under the default handler."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import vitkit
+
+    model = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, patch_size=8, depth=1)
+    model.save_pretrained(tmp_path / "m")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", "--checkpoint", str(tmp_path / "m"),
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, out
+    assert out.rstrip().splitlines()[-1] == "vitkit demo stopped (SIGTERM)" and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("flag", [["--mixup", "0.8"], ["--smoothing", "0.1"], ["--freeze-body"],
+                                  ["--layer-decay", "0.75"]])
+def test_pretrain_refuses_flags_that_act_on_labels_and_does_not_list_them(flag, capsys):
+    """`pretrain --help` listed train's label flags; given, they were taken without effect on a run with no labels."""
+    _one_line(capsys, main(["pretrain", "--method", "mae", *flag, "--epochs", "1", *TINY]),
+              f"{flag[0]} acts on labels or a fine-tuned head")
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    assert flag[0] not in capsys.readouterr().out

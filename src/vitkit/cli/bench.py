@@ -12,8 +12,9 @@ from .common import positive_int
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224")
-    p.add_argument("--batches", default="1,16")
+    p.add_argument("--models", default="vit_base_patch16_224,vit_small_patch16_224",
+                   help="model presets to time, joined by commas (`vitkit models`)")
+    p.add_argument("--batches", default="1,16", help="inference batch sizes to time, joined by commas")
     p.add_argument("--dtypes", default="auto",
                    help="groups to time, of auto,fp32,bf16 (default auto: vitkit as `optimize_for_inference(model)` "
                         "chooses here, against every peer in fp32 and in bf16, so its ratio is to the best peer in "

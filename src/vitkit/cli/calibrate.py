@@ -10,7 +10,7 @@ from . import train
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     train.add_parser(p)
-    p.add_argument("--inference-batch", dest="_inference_batch", type=int, default=8,
+    p.add_argument("--inference-batch", dest="_inference_batch", type=int, default=8, metavar="N",
                    help="also time the inference dtypes of the run's model at this batch (at most 32; 0: skip)")
     p.add_argument("--keep-cache", dest="_keep_cache", action="store_true",
                    help="use cached timings where there are any (default: time everything again and replace them)")

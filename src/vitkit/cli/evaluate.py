@@ -26,7 +26,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "as vitkit.optimize_for_inference chooses), exact fp32, or bf16")
     p.add_argument("--out", default=None, help="folder for eval.json and confusion.png (default: CHECKPOINT/eval for a "
                                                "folder, FILE.eval/ beside a single-file checkpoint)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto",
+                   help="where it runs: auto (a GPU where there is one, else the CPU), cpu, cuda, cuda:N, mps")
 
 
 def _run_dataset_defaults(args: argparse.Namespace) -> None:

@@ -17,8 +17,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     from ..inspect import METHODS
 
     p.add_argument("kind", choices=KINDS)
-    p.add_argument("images", nargs="*", help="explain: image files or folders (default: --num-images validation "
-                   "images of the dataset)")
+    p.add_argument("images", nargs="*", help="explain, reconstruct: image files or folders (default: --num-images "
+                   "validation images of the dataset)")
     add_weights_flags(p)
     p.add_argument("--image", default=None, help="image file (default: the first validation image of the dataset)")
     p.add_argument("--out", required=True, help="PNG file to write (explain: a folder)")
@@ -32,7 +32,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "both sides rounded to the patch)")
     p.add_argument("--num-images", type=positive_int, default=None,
                    help="distance: images sampled from the dataset (default 256); explain: without image files, "
-                        "validation images explained (default 8)")
+                        "validation images explained (default 8); reconstruct: validation images shown (default 4)")
     g = p.add_argument_group("explain")
     g.add_argument("--method", default="all", help=f"{', '.join(METHODS)}, several joined by commas, or all")
     g.add_argument("--target", default=None, help="the class to explain, by name or index (default: each image's "

@@ -25,7 +25,7 @@ COMMANDS = {
     "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
     "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
     "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "
-                               "patch size"),
+                               "patch size, self-supervision"),
     "shard": ("shard_cmd", "write a folder or zip of images as WebDataset shards (--dataset shards reads them)"),
     "calibrate": ("calibrate", "time the candidates for every `auto` setting on this machine, print the plan, refresh "
                                "the cache"),

@@ -13,9 +13,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
     add_threads_flag(p)
     p.add_argument("images", nargs="*", help="image files (PNG, JPEG, WebP, BMP, GIF, ...) or folders of them")
-    p.add_argument("--topk", type=positive_int, default=5)
+    p.add_argument("--topk", type=positive_int, default=5, help="classes listed an image, most likely first")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto",
+                   help="where it runs: auto (a GPU where there is one, else the CPU), cpu, cuda, cuda:N, mps")
 
 
 BATCH = 16  # images decoded and predicted at a time: memory stays bounded whatever the count

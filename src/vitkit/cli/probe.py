@@ -24,7 +24,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.1, help="linear probe: SGD's learning rate (cosine to 0)")
     p.add_argument("--k", type=positive_int, default=20, help="k-NN: neighbours that vote")
     p.add_argument("--random", action="store_true",
-                   help="probe the same architecture with fresh weights (seed 0): what the features add over it")
+                   help="probe the same architecture with fresh weights (drawn with --seed): what the features add "
+                        "over it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="a folder to write probe.json in, or a .json file (default: beside "
                                               "the checkpoint)")

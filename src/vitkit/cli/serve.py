@@ -8,10 +8,13 @@ from .common import add_data_flags, add_weights_flags, load_weights, positive_in
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_weights_flags(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--max-upload-mb", type=float, default=10.0)
-    p.add_argument("--max-pixels", type=int, default=40_000_000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every one)")
+    p.add_argument("--port", type=int, default=7860, help="the port (default 7860; 0 picks a free one)")
+    p.add_argument("--max-upload-mb", type=float, default=10.0,
+                   help="the largest upload accepted, in MiB; larger ones are answered 413 (default 10)")
+    p.add_argument("--max-pixels", type=int, default=40_000_000,
+                   help="the most pixels an uploaded image may hold, refused before it is decoded (default 40M)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads per batch (default: measured at start-up, the fewest within 10%% of the "
                         "fastest)")
@@ -67,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
                            "the top-5 is predicted, as by `vitkit predict`,"):
         print(note)
     examples = _examples(args, predictor.names, args.num_examples)
-    serve(predictor, args.host, args.port, examples,
+    how = serve(predictor, args.host, args.port, examples,
           on_ready=lambda url: print(f"vitkit demo on {url}  ({len(examples)} example images)\n"
                                      f"{predictor.threads_note}; {predictor.workers} worker(s), batches of up to "
                                      f"{limits.max_batch}, {limits.max_queue} uploads queued at most", flush=True))
+    print(f"vitkit demo stopped{f' ({how})' if how else ''}", flush=True)
     return 0

@@ -68,8 +68,8 @@ def colour_classes(channels: int) -> int:
 
 def quantised_colour(pixels: torch.Tensor, channels: int) -> torch.Tensor:
     """The class of a colour: each channel's value in [0, 1] (raw pixels, *before* standardisation: standardised
-    values were all quantised to one class) cut into 8 levels, the levels read as one number, red most
-    significant. ``pixels`` (..., C) -> (...,) int64 in [0, 8^C)."""
+    values, clamped to [0, 1], crowd into a few classes at the ends of each channel) cut into 8 levels, the levels
+    read as one number, red most significant. ``pixels`` (..., C) -> (...,) int64 in [0, 8^C)."""
     levels = 2 ** COLOUR_BITS
     q = (pixels.clamp(0, 1) * levels).long().clamp_(max=levels - 1)  # 1.0 is the top level, not a ninth
     weights = levels ** torch.arange(channels - 1, -1, -1, device=pixels.device)

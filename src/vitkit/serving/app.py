@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import signal
 import socket
+import threading
 from email.parser import BytesParser
 from email.policy import HTTP
 from importlib import resources
@@ -121,10 +123,11 @@ def _file_part(body: bytes, content_type: str) -> bytes:
 
 
 def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ignore[no-untyped-def]
-          on_ready: Callable[[str], None] = print) -> None:
-    """Serve until interrupted. The socket is bound first, so ``on_ready`` is told the real address (``port`` 0
-    picks a free one). Uploads past ``limits.max_connections`` are answered by the app (JSON 503 with Retry-After);
-    uvicorn's own limit, which answers in plain text, is set far above it to bound memory only."""
+          on_ready: Callable[[str], None] = print) -> str | None:
+    """Serve until interrupted; returns "SIGTERM" where that ended it. The socket is bound first, so ``on_ready``
+    is told the real address (``port`` 0 picks a free one). Uploads past ``limits.max_connections`` are answered by
+    the app (JSON 503 with Retry-After); uvicorn's own limit, which answers in plain text, is set far above it to
+    bound memory only."""
     import uvicorn  # optional: the serve extra
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -136,7 +139,18 @@ def serve(predictor: Predictor, host: str, port: int, examples=None,  # type: ig
                             limit_concurrency=4 * predictor.limits.max_connections + 64,
                             http=header_timeout_protocol(predictor.limits.header_timeout_s))
     on_ready(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{real_port}")
-    uvicorn.Server(config).run(sockets=[sock])
+    # SIGTERM (a service manager's stop, `kill`) is how a server is meant to end: uvicorn shuts down gracefully, then
+    # raises the signal again under the handler it found, which by default killed the process with 143. Noted
+    # here instead, so that it ends as a finished command does.
+    stopped: list[str] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.append("SIGTERM")) if main else None
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    return stopped[0] if stopped else None
 
 
 def header_timeout_protocol(seconds: float):  # type: ignore[no-untyped-def]
