@@ -275,7 +275,8 @@ def test_under_a_real_container_limit_a_model_that_cannot_fit_is_refused_before_
     root = write_digits_folder(tmp_path / "d", per_class=4, size=32, mode="RGB")
     r, peak = cgroup_of(int(1.5 * GIB), ["train", "--dataset", "folder", "--data-dir", str(root), "--cache-dir",
                                          str(tmp_path / "cache"), "--device", "cpu", "--epochs", "1", "--img-size",
-                                         "224", "--model", "vit_large_patch16_224", "--output", str(tmp_path / "l")])
+                                         "224", "--model", "vit_large_patch16_224", "--batch-size", "32",
+                                         "--output", str(tmp_path / "l")])  # (40 images: a batch that makes a step)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     err = [line for line in r.stderr.splitlines() if "error" in line or "Traceback" in line]  # (not tqdm's)
     assert len(err) == 1 and err[0].startswith("vitkit train: error: out of memory before the first step: "

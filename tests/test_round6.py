@@ -236,3 +236,27 @@ def test_pretrain_refuses_flags_that_act_on_labels_and_does_not_list_them(flag, 
     with pytest.raises(SystemExit):
         main(["pretrain", "--help"])
     assert flag[0] not in capsys.readouterr().out
+
+
+def test_new_user_the_pretrained_list_fits_a_wide_terminal_and_names_stay_whole(capsys):
+    """`vitkit models --pretrained` was over 300 columns: the official .npz names and the download URLs."""
+    from vitkit.interop.registry import list_pretrained
+
+    assert main(["models", "--pretrained"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 110, max(out.splitlines(), key=len)
+    names = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert {e.name for e in list_pretrained("")} <= names  # every name whole, to copy
+    assert main(["models", "--pretrained", "--sources", "augreg2"]) == 0
+    assert "hf.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/model.safetensors" in capsys.readouterr().out
+
+
+def test_u3_a_batch_larger_than_the_data_is_refused_from_the_counts_before_memory_is_measured(capsys, monkeypatch):
+    """`-b 100000` on digits: the memory plan split it 50000 x 2, then "fewer than one global batch (1 x 50000)"."""
+    import vitkit.training.plan as plan
+
+    measured = []
+    monkeypatch.setattr(plan, "_fit_memory", lambda *a, **k: measured.append(1) or a[4:])
+    line = _one_line(capsys, main(["train", "-b", "100000", "--epochs", "1", *TINY]),
+                     "1,437 training images are fewer than one global batch of 100,000")
+    assert "lower --batch-size" in line and not measured

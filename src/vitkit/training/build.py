@@ -3,6 +3,8 @@ preprocessing, and the model as it trains (attention path, DDP, torch.compile). 
 anyone assembling their own loop."""
 from __future__ import annotations
 
+import warnings
+
 from typing import Any, Callable
 
 import torch
@@ -211,6 +213,11 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     if device.type == "cuda":  # the steps' shapes are fixed: cuDNN's search for the convolutions' (stem, patch
         torch.backends.cudnn.benchmark = True  # embedding) fastest algorithm is paid once
     if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
+        # DDP compares a gradient's strides with its bucket's literally: a weight with a dimension of size 1 (a
+        # one-channel image's patch embedding, D x 1 x P x P) lies in memory the same either way, yet warned on
+        # every process. The layout is set before the wrap (above) and not changed under DDP (training/tune.py
+        # runs on one process), so no real mismatch is hidden.
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                     find_unused_parameters=cfg.objective != "classify")
     return compile_for_training(model, device, log, cfg.compile if isinstance(cfg.compile, str) else None) \

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ..data.datasets import DataSplits
+from ..data.sampler import check_batches
 from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, NothingRuns, Timing, cached, cached_of_kind, calibrate
 from ..runtime.cpu import cpu_precisions, machine_name
@@ -225,7 +226,12 @@ class Planning:
 
 
 def _weights_fit(s: Planning) -> None:
-    """On a CPU, the model's weights fit the memory this process may use (--init's are counted as they are read)."""
+    """The training images make an optimizer step (from the counts alone: ``-b 100000`` on 1,437 digits was split
+    50000 x 2 by the memory plan first, then refused as "1 x 50000"); on a CPU, the model's weights fit the memory
+    this process may use (--init's are counted as they are read). Where a tier or a GPU's batch search may still
+    change the batch, the trainer checks the batch it ends with."""
+    if not s.tiered and not s.gpu_batch:
+        check_batches(s.data.name, len(s.data.train), s.cfg.batch_size, s.cfg.grad_accum, rank_and_world()[1])
     if s.device.type == "cpu" and not s.cfg.init:
         check_weights_fit(s.cfg, model_config(s.cfg, s.data))
 
