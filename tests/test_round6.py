@@ -260,3 +260,45 @@ def test_u3_a_batch_larger_than_the_data_is_refused_from_the_counts_before_memor
     line = _one_line(capsys, main(["train", "-b", "100000", "--epochs", "1", *TINY]),
                      "1,437 training images are fewer than one global batch of 100,000")
     assert "lower --batch-size" in line and not measured
+
+
+def test_d2_the_imagenet_estimate_on_a_few_images_is_refused_from_the_counts_before_any_timing(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """`--recipe imagenet-vit-s16 --estimate` on 150 tiny images printed nothing for 150 s after the memory line
+    (ViT-S/16's candidates timed at 224 px), then refused: 150 images make no batch of 1,024."""
+    from helpers import write_digits_folder
+
+    import vitkit.training.plan as plan
+
+    timed = []
+    monkeypatch.setattr(plan, "_fit_memory", lambda *a, **k: timed.append(1) or a[4:])
+    root = write_digits_folder(tmp_path / "f", per_class=15, size=32, mode="RGB")
+    line = _one_line(capsys, main(["train", "--recipe", "imagenet-vit-s16", "--dataset", "folder", "--data-dir",
+                                   str(root), "--estimate", "--cache-dir", str(tmp_path / "c")]),
+                     "150 training images are fewer than one global batch of 1,024")
+    assert "lower --batch-size" in line and not timed
+
+
+@pytest.mark.parametrize("method", ["mpp", "mae"])
+def test_u8_an_older_mpp_run_resumed_says_its_masks_differ(method, tmp_path):
+    """An MPP run saved before the masks were drawn by ``noise()`` continued on other masks, without a word. (MAE's
+    draws did not change: no note.)"""
+    import torch
+
+    from vitkit.training.config import TrainConfig
+    from vitkit.training.trainer import Trainer
+
+    cfg = dict(objective=method, epochs=2, batch_size=64, model_args={"img_size": 8, "patch_size": 2,
+                                                                      "embed_dim": 32, "depth": 1, "num_heads": 2},
+               precision="fp32", compile=False, attention="sdpa", channels_last=False, tiers=None, threads=1,
+               output=str(tmp_path / "r"))
+    t = Trainer(TrainConfig.from_dict({**cfg, "epochs": 1}), log=lambda s: None, progress=False)
+    t.fit()
+    state = tmp_path / "r" / "last" / "train_state.pt"
+    s = torch.load(state, weights_only=True)
+    assert s.pop("masks") == 2
+    torch.save(s, state)  # as an older vitkit wrote it
+    said: list[str] = []
+    Trainer(TrainConfig.from_dict({**cfg, "resume": str(tmp_path / "r")}), log=said.append, progress=False).fit()
+    noted = [line for line in said if "saved by an older vitkit" in line]
+    assert (len(noted) == 1 and "other masks" in noted[0]) if method == "mpp" else not noted, said

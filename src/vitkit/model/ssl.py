@@ -374,6 +374,10 @@ def ssl_config(module: nn.Module) -> dict[str, Any]:
     raise TypeError(f"not a self-supervised module: {type(module).__name__}")
 
 
+# How a batch's masks come from the run's generator: 2 since MPP's and MAE's draws became ``noise()`` (drawn
+# outside the module); a resumed run's train_state says which it was saved with (an MPP run saved before drew
+# its corruption otherwise, and continues on other masks: the trainer says so)
+MASKS_DRAWN = 2
 SSL_WEIGHTS, SSL_CONFIG = "ssl.safetensors", "ssl.json"  # beside a checkpoint's encoder (model.safetensors)
 
 

@@ -24,6 +24,7 @@ from ..data.sampler import GlobalBatchSampler, check_batches
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
+from ..model.ssl import MASKS_DRAWN
 from ..runtime.device import resolve_device
 from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
@@ -179,7 +180,8 @@ class Trainer:
                 "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss, "epochs_trained": self.epochs_trained,
                 "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
-                "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity()}
+                "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity(),
+                "masks": MASKS_DRAWN}
 
     def _resume(self, run_dir: Path) -> None:
         recover_run(run_dir)
@@ -211,6 +213,10 @@ class Trainer:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
             self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
         self._check_same_images(s.get("train_images"))
+        if self.cfg.objective == "mpp" and "masks" not in s:  # saved before the masks were drawn by noise()
+            self.log("resuming a masked patch prediction saved by an older vitkit, which drew each batch's corruption "
+                     "otherwise: it continues from its weights, optimizer and random state, on other masks than it "
+                     "would have drawn (not bit for bit as an uninterrupted run)")
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
 
