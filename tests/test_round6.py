@@ -302,3 +302,41 @@ def test_u8_an_older_mpp_run_resumed_says_its_masks_differ(method, tmp_path):
     Trainer(TrainConfig.from_dict({**cfg, "resume": str(tmp_path / "r")}), log=said.append, progress=False).fit()
     noted = [line for line in said if "saved by an older vitkit" in line]
     assert (len(noted) == 1 and "other masks" in noted[0]) if method == "mpp" else not noted, said
+
+
+def test_new_user_classes_picks_a_subset_by_name_relabelled_in_the_datasets_order(tmp_path):
+    """Training on a few classes of a folder needed a hand-written filter: `--classes a,b,c` is one flag."""
+    import torch
+    from helpers import write_digits_folder
+
+    from vitkit.data.datasets import load_dataset
+
+    root = write_digits_folder(tmp_path / "f", per_class=6, size=16)
+    every = load_dataset("folder", str(root), cache_dir=str(tmp_path / "c"), mode="memory")
+    for mode in ("memory", "stream"):
+        some = load_dataset("folder", str(root), cache_dir=str(tmp_path / "c"), mode=mode, classes=["8", "3"])
+        assert some.classes == ["3", "8"] and "classes 3, 8 of 10 (--classes)" in some.describe()
+        for split, whole in ((some.train, every.train), (some.val, every.val)):
+            assert sorted(split.labels.tolist()) == sorted([0] * (whole.labels == 3).sum().item()
+                                                           + [1] * (whole.labels == 8).sum().item())
+            if mode == "memory":  # the same pixels, renumbered: class 3's images are label 0
+                assert torch.equal(split.images[split.labels == 0], whole.images[whole.labels == 3])
+            else:  # streamed: only those classes' files, each with its class's new number
+                assert all(("/3/" in n) == (lab == 0) for n, lab in zip(split.names, split.labels.tolist()))
+    with pytest.raises(ValueError, match=r"--classes: cat is not a class of folder:.*; its classes: 0, 1, 2"):
+        load_dataset("folder", str(root), cache_dir=str(tmp_path / "c"), classes=["3", "cat"])
+
+
+def test_new_user_classes_trains_saves_those_names_and_eval_follows_them(tmp_path, capsys):
+    import json
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("classes: [3, 5, 8]\n")  # YAML's numbers are the digits' class names
+    assert main(["train", "--config", str(cfg), "--epochs", "1", *TINY, "--output", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "3 classes, classes 3, 5, 8 of 10 (--classes)" in out
+    saved = json.loads((tmp_path / "r" / "best" / "config.json").read_text())
+    assert saved["preprocessing"]["class_names"] == ["3", "5", "8"]
+    assert main(["eval", "--checkpoint", str(tmp_path / "r" / "best")]) == 0  # no flag: the classes it knows
+    assert "was trained on 3 of its classes (3, 5, 8): evaluated on those" in capsys.readouterr().out
+    _one_line(capsys, main(["train", "--classes", "3,3", "--epochs", "1", *TINY]), "--classes: 3 given twice")

@@ -110,6 +110,17 @@ def add_data_flags(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS)
     g.add_argument("--skip-bad-images", action="store_true", default=argparse.SUPPRESS,
                    help="skip (and count) undecodable images in a folder instead of stopping")
     g.add_argument("--cache-dir", default=argparse.SUPPRESS, help="decoded-dataset cache (default ~/.cache/vitkit)")
+    g.add_argument("--classes", type=class_names, metavar="A,B,...", default=argparse.SUPPRESS,
+                   help="only these classes' images, by name, joined by commas (e.g. cat,dog,frog of CIFAR-10; a "
+                        "folder's class folder names; digits 0-9)")
+
+
+def class_names(text: str) -> list[str]:
+    """``--classes a,b,c``: the names, spaces around them dropped."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected class names joined by commas, got {text!r}")
+    return names
 
 
 def load_data_from_args(ns: argparse.Namespace, default: str = "digits",  # type: ignore[no-untyped-def]
@@ -118,7 +129,8 @@ def load_data_from_args(ns: argparse.Namespace, default: str = "digits",  # type
 
     return load_dataset(getattr(ns, "dataset", None) or default, getattr(ns, "data_dir", None),
                         getattr(ns, "download", False), getattr(ns, "skip_bad_images", False),
-                        getattr(ns, "cache_dir", None) or default_cache_dir(), crop=crop, mode=mode)
+                        getattr(ns, "cache_dir", None) or default_cache_dir(), crop=crop, mode=mode,
+                        classes=getattr(ns, "classes", None))
 
 
 def add_weights_flags(p: argparse.ArgumentParser) -> None:

@@ -72,6 +72,16 @@ def run(args: argparse.Namespace) -> int:
     data = load_data_from_args(args, crop=crop_spec(pre, c.img_size), mode="stream" if naflex else "auto")
     if naflex:
         data = as_naflex(data, c.patch_size, pre["naflex_max_tokens"])
+    trained_on = [str(n) for n in pre.get("class_names") or []]
+    if (trained_on and len(trained_on) == c.num_classes < data.num_classes and not getattr(args, "classes", None)
+            and set(trained_on) <= {str(n) for n in data.classes}):  # a run of --classes: evaluated on its classes
+        data = data.with_classes(trained_on)
+        if [str(n) for n in data.classes] != trained_on:  # its labels would not be the model's outputs' order
+            raise ValueError(f"{weights_name(args)} lists its classes as {', '.join(trained_on)}; {data.name} holds "
+                             f"them in another order ({', '.join(map(str, data.classes))}): not the data it "
+                             "was trained on")
+        print(f"{data.name}: {weights_name(args)} was trained on {len(trained_on)} of its classes "
+              f"({', '.join(trained_on)}): evaluated on those (--classes)")
     if c.num_classes != data.num_classes or c.in_chans != data.in_chans:
         raise ValueError(f"{weights_name(args)} has {c.num_classes} classes / {c.in_chans} channels but {data.name} "
                          f"has {data.num_classes} / {data.in_chans}")

@@ -138,12 +138,20 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False,
                  cache_dir: str | None = None, progress: Callable | None = None, max_side: int = 128,
                  crop: dict[str, Any] | None = None, mode: str = "auto",
                  say: Callable[[str], None] | None = None, unlabeled: bool = False,
-                 budget_s: float | None = None) -> DataSplits:
+                 budget_s: float | None = None, classes: list[str] | None = None) -> DataSplits:
     """One entry point for every dataset name in :data:`DATASETS` (``crop``: a folder's images resized and cropped
     as pretrained weights expect them, ``images.crop_spec``; ``mode``: a folder in memory or streamed, or ``auto``,
     folder.load_folder_splits, which ``say``s what it chose; ``unlabeled``: self-supervision reads a folder without
     splits or classes too; ``budget_s``: the seconds a --time-limit leaves, which listing and decoding must fit,
-    folder.mode_within_budget)."""
+    folder.mode_within_budget; ``classes``: only these classes' images, DataSplits.with_classes)."""
+    data = _load(name, data_dir, download, skip_bad_images, cache_dir, progress, max_side, crop, mode, say,
+                 unlabeled, budget_s)
+    return data.with_classes(classes) if classes else data
+
+
+def _load(name: str, data_dir: str | None, download: bool, skip_bad_images: bool, cache_dir: str | None,
+          progress: Callable | None, max_side: int, crop: dict[str, Any] | None, mode: str,
+          say: Callable[[str], None] | None, unlabeled: bool, budget_s: float | None) -> DataSplits:
     if name == "digits":
         return load_digits_splits(cache_dir=cache_dir)
     if name in ("mnist", "fashion-mnist"):

@@ -1,9 +1,9 @@
 """What every dataset loader returns: uint8 images and int64 labels in memory, a train and a validation split."""
 from __future__ import annotations
 
-import hashlib
-
+import copy
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +104,35 @@ class DataSplits:
             return self
         idx = _per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))
         return dataclasses.replace(self, train=self.train.subset(idx))
+
+    def with_classes(self, names: list[str]) -> "DataSplits":
+        """Only the images of the classes ``names`` (``--classes a,b,c``), relabelled 0..k-1 in the dataset's own
+        order, which is also the order the checkpoint lists them in. A name the dataset lacks is refused with the
+        names it has."""
+        if not names:
+            return self
+        if len(set(names)) != len(names):
+            raise ValueError(f"--classes: {', '.join(n for n in dict.fromkeys(names) if names.count(n) > 1)} given "
+                             "twice")
+        known = [str(c) for c in self.classes]
+        if unknown := [n for n in names if n not in known]:
+            shown = ", ".join(known[:30]) + (f", ... ({len(known)} in all)" if len(known) > 30 else "")
+            raise ValueError(f"--classes: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a class of "
+                             f"{self.name}; its classes: {shown}")
+        keep = [i for i, c in enumerate(known) if c in names]
+        new = torch.full((len(known),), -1, dtype=torch.int64)
+        new[keep] = torch.arange(len(keep))
+
+        def cut(split: Any) -> Any:
+            labels = split.labels.cpu()
+            part = split.subset(torch.isin(labels, torch.tensor(keep)).nonzero()[:, 0])
+            part = copy.copy(part)  # (ImageTensors or StreamedImages: the same images, their labels renumbered)
+            part.labels = new[part.labels.cpu()].to(split.labels.device)
+            return part
+
+        how = f"classes {', '.join(known[i] for i in keep)} of {len(known)} (--classes)"
+        return dataclasses.replace(self, train=cut(self.train), val=cut(self.val),
+                                   classes=[self.classes[i] for i in keep], how=", ".join(filter(None, [self.how, how])))
 
     def holding_out(self, share: float) -> "DataSplits":
         """A class-balanced ``share`` of the training images as the validation split, the rest to train on; the

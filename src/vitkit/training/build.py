@@ -32,7 +32,7 @@ def build_data(cfg: TrainConfig, say: Callable[[str], None] | None = None) -> Da
     data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.skip_bad_images, cfg.cache_dir,
                         max_side=cfg.folder_max_side, crop=run_crop(cfg.to_dict()),
                         mode="stream" if cfg.naflex else cfg.data_mode, say=say,
-                        unlabeled=cfg.objective != "classify")
+                        unlabeled=cfg.objective != "classify", classes=cfg.classes)
     return for_run(cfg, data)
 
 

@@ -63,6 +63,7 @@ class TrainConfig:
     # --dataset folder: decoded into memory, or streamed from the files by DataLoader workers; auto streams a folder
     # whose decode would not fit in the memory the process may use (data/folder.py, data/stream.py)
     data_mode: str = "auto"
+    classes: list[str] | None = None  # only these classes' images, by name (--classes a,b,c); None: every class
     workers: int | None = None  # streaming: DataLoader worker processes; None = measured on the run's step
     # streaming: where the JPEGs are decoded and cut: by the workers (PIL), on the training device (torchvision's
     # decode_jpeg on the batch: nvJPEG on a GPU; data/device_decode.py), or auto (the device on a GPU, timed against
@@ -173,6 +174,10 @@ class TrainConfig:
                              "which needs a width that is a multiple of 4")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be 0 (read in the training process) or more, got {self.workers}")
+        if self.classes is not None:  # (a config file's `classes: [cat, dog]`; YAML reads 0 and 1 as numbers)
+            self.classes = [str(c) for c in self.classes]
+            if not self.classes:
+                raise ValueError("classes must name at least one class, or be left out for every class")
         if self.data_mode == "stream" and self.dataset not in FILE_DATASETS:
             raise ValueError(f"data_mode stream reads image files (--dataset {' or '.join(FILE_DATASETS)}); "
                              f"{self.dataset} is read into memory whole")

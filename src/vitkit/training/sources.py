@@ -93,7 +93,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                                 mode="stream" if probe.get("naflex") else probe.get("data_mode", "auto"), say=say,
                                 unlabeled=probe.get("objective", "classify") != "classify",
                                 budget_s=budget_left(probe["time_limit"], src.started)
-                                if probe.get("time_limit") and src.started else None)
+                                if probe.get("time_limit") and src.started else None, classes=probe.get("classes"))
             name = recipe or ("finetune" if finetune else choose_recipe(data))
             say(f"recipe{'' if recipe else ' for this folder'}: configs/{name}.yaml ({data.describe()})")
         else:
@@ -101,7 +101,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             if finetune:  # read now: the recipe's batch of 512 is fitted to the training images (_fit_accumulation)
                 probe = {**file_cfg, **given}
                 data = load_dataset(dataset, probe.get("data_dir"), probe.get("download", False),
-                                    cache_dir=probe.get("cache_dir") or default_cache_dir())
+                                    cache_dir=probe.get("cache_dir") or default_cache_dir(),
+                                    classes=probe.get("classes"))
         if finetune:
             say(f"--init {init}: the paper's fine-tuning recipe, configs/finetune.yaml (SGD momentum 0.9, no weight "
                 "decay, cosine decay, gradient clipping at 1, new zero head; with the official code's linear warmup; "
