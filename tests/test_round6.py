@@ -340,3 +340,31 @@ def test_new_user_classes_trains_saves_those_names_and_eval_follows_them(tmp_pat
     assert main(["eval", "--checkpoint", str(tmp_path / "r" / "best")]) == 0  # no flag: the classes it knows
     assert "was trained on 3 of its classes (3, 5, 8): evaluated on those" in capsys.readouterr().out
     _one_line(capsys, main(["train", "--classes", "3,3", "--epochs", "1", *TINY]), "--classes: 3 given twice")
+
+
+def test_d2_a_step_too_long_for_the_budget_is_refused_before_it_runs_and_a_long_one_is_said(monkeypatch):
+    """The FLOPs of ViT-S/16 at 224 px (4.6 GFLOP an image forward) at a CPU of 1 GFLOP/s: ~1,770 s a step of 128.
+    Nothing is run: the test would take half an hour otherwise."""
+    import vitkit.runtime.cpu as cpu_mod
+    import vitkit.training.plan as plan_mod
+    from vitkit.training.config import TrainConfig
+
+    monkeypatch.setattr(plan_mod, "fp32_matmul_flops", lambda: 1e9)
+    ran = []
+    monkeypatch.setattr(plan_mod, "time_step", lambda *a, **k: ran.append(1) or (_ for _ in ()).throw(AssertionError))
+    cfg = TrainConfig(dataset="digits", model="vit_small_patch16_224", model_args={"img_size": 224, "in_chans": 1},
+                      batch_size=128, time_limit=2, precision="fp32", attention="sdpa", compile=False)
+    import time as _t
+
+    started = _t.time()
+    with pytest.raises(ValueError, match=r"--time-limit 2 minutes is shorter .* foreseen at half its FLOPs' time at "
+                                         r"this CPU's fp32 matmul rate, 1 GFLOP/s: nothing was run"):
+        plan_mod.make_plan(cfg, log=lambda s: None, in_run=True)
+    assert not ran and _t.time() - started < 60
+    said = []
+    monkeypatch.setattr(plan_mod, "_fit_memory", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # (stopped at the memory plan's steps: the line before it is tested)
+        plan_mod.make_plan(TrainConfig.from_dict({**cfg.to_dict(), "time_limit": None}), log=said.append,
+                           in_run=True)
+    assert any("a step or more, foreseen from its FLOPs at this CPU's matmul rate (1 GFLOP/s)" in s for s in said)
+    assert cpu_mod.fp32_matmul_flops() > 0

@@ -95,6 +95,21 @@ def bf16_matmul_slowdown(n: int = 256) -> float:
     return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
 
 
+@functools.cache
+def fp32_matmul_flops(n: int = 1024) -> float:
+    """This CPU's fp32 matmul rate in FLOP/s (n x n by n x n, the least of three after a warm one: ~0.2 s in all on
+    a 2-core AVX2 EPYC, 49 GFLOP/s there; 2.2 at n=256, 28 at 512, 60 at 2048). A ViT step's matmuls at this rate
+    foresee its time before a step is run."""
+    a = torch.randn(n, n)
+    a @ a
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - started)
+    return 2 * n ** 3 / max(best, 1e-9)
+
+
 def cpu_precisions() -> tuple[list[str], str]:
     """The precisions worth timing on this CPU, the first timed first, and a note where bf16 is left out: its
     matmuls are ``BF16_SLOW`` or more times fp32's, so no step of it can win, and its first step alone could cost

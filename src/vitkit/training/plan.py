@@ -35,13 +35,13 @@ from ..data.datasets import DataSplits
 from ..data.sampler import check_batches
 from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, NothingRuns, Timing, cached, cached_of_kind, calibrate
-from ..runtime.cpu import cpu_precisions, machine_name
+from ..runtime.cpu import cpu_precisions, fp32_matmul_flops, machine_name
 from ..runtime.device import resolve_device
 from ..runtime.distributed import local_rank, rank0_done, rank_and_world, wait_for_rank0
 from ..runtime.memory import release_free_memory
 from ..runtime.threads import (OtherLoad, candidates as thread_candidates, choose_threads, threads_for_ranks,
                                timed, usable_cores)
-from ..model.vit import VisionTransformer
+from ..model.vit import VisionTransformer, flops_per_image
 from .budget import budget_left, check_budget
 from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
                            expected_compile_gain, trained_step_s,  # (COMPILE_GAIN, compile_*: public names)
@@ -240,6 +240,7 @@ def _the_step(s: Planning) -> None:
     """The run's own step on a real batch, and the candidates for every ``auto`` setting; then, before any
     full-size step is run (the threads' and the candidates' timings run them), what fits in memory."""
     s.probe = _probe(s.cfg, s.data, s.device)
+    _foresee_the_step(s, f"training step ({_describe_model(s.probe.model)}, batch {s.probe.n})")
     s.cands = step_candidates(s.cfg, s.device, bool(getattr(s.probe.model.config, "hybrid", None)))
     if s.cfg.precision == "auto" and s.device.type == "cpu" and (left_out := cpu_precisions()[1]):
         s.plan.notes.append(left_out)
@@ -291,6 +292,31 @@ def _step_settings(s: Planning) -> None:
     s.cal = calibrate(what, s.device, workload, s.cands, s.probe.make, refresh=s.refresh)
     s.plan.calibrations.append(s.cal)
     release_free_memory()
+
+
+LONG_STEP_S = 10.0  # a first step foreseen to take this long is said before it is run (it was 150 s of silence)
+
+
+def _foresee_the_step(s: Planning, what: str) -> None:
+    """On a CPU, before the first step is run: its matmuls' FLOPs (3x the forward's, for the backward) at this
+    CPU's fp32 matmul rate. A budget that cannot hold even half of that (a larger matmul runs faster: 60 against 49
+    GFLOP/s at 2048) is refused now, with nothing run; a step foreseen to take ``LONG_STEP_S`` or more is said
+    (``--recipe imagenet-vit-s16 --estimate`` on 150 small images printed nothing for 150 s)."""
+    if s.device.type != "cpu":
+        return
+    rate = fp32_matmul_flops()
+    step_s = 3 * flops_per_image(s.probe.model.config) * s.probe.n / rate
+    if s.cfg.time_limit and s.cfg.objective == "classify":  # (MAE's encoder sees a quarter of the patches, and
+        # its decoder is not this model: the classifier's FLOPs would over-refuse a pre-training's short budget)
+        try:
+            check_budget(s.cfg.time_limit, time.time() - s.start_time, step_s / 2, s.probe.n * s.cfg.grad_accum,
+                         len(s.data.train), len(s.data.val))
+        except ValueError as e:
+            raise ValueError(f"{e} (a step foreseen at half its FLOPs' time at this CPU's fp32 matmul rate, "
+                             f"{rate / 1e9:.0f} GFLOP/s: nothing was run)") from None
+    if step_s >= LONG_STEP_S:
+        s.log(f" {what}: ~{step_s:.0f} s a step or more, foreseen from its FLOPs at this CPU's matmul "
+              f"rate ({rate / 1e9:.0f} GFLOP/s)")
 
 
 ESTIMATE_CALLS = 2  # timed calls of the one step the planner times (after a warm-up), the fastest kept: a step's
