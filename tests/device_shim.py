@@ -44,6 +44,13 @@ def _is_cuda(device: Any) -> bool:
         torch.device(device).type == "cuda"
 
 
+# C++ functions and tensor methods, whose scratch tensors follow their inputs' device (the shim's _Looks)
+BUILTINS = (type(torch.zeros), type(torch.Tensor.add_))
+# C++ functions that read their values on the CPU but not on CUDA (there a device assert checks them): F.one_hot's
+# class checks (min >= 0; max < num_classes), "rely on device assert thrown by scatter" on CUDA (Onehot.cpp)
+NO_READS_ON_CUDA = {torch.nn.functional.one_hot}
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
@@ -56,6 +63,7 @@ class PlayedGPU:
         self.gpus = gpus
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.counts: Counter[str] = Counter()
+        self.inherit = 0  # inside a C++ function called with GPU tensors: its new tensors are the GPU's
 
     def on(self, t: torch.Tensor) -> bool:
         try:
@@ -94,6 +102,8 @@ class _OnDevice(TorchDispatchMode):
             return func(*args, **kwargs)
         tensors = _tensors(args) + _tensors(kwargs)
         gpu = any(on(t) for t in tensors)
+        if not tensors and self.shim.inherit:
+            return self.shim.mark(func(*args, **kwargs))  # a C++ function's scratch tensor on a GPU (_Looks)
         if gpu:
             if func in READS or (func in INDEXING and any(t is not None and t.dtype in (torch.bool, torch.uint8)
                                                             for t in _tensors(args[1]))):
@@ -130,6 +140,18 @@ class _Looks(TorchFunctionMode):
             shim.counts["device_reads"] += 1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._move(func, args, kwargs)
+        if isinstance(func, BUILTINS) and any(shim.on(t) for t in _tensors(args) + _tensors(kwargs)):
+            # a C++ function allocates from its inputs' options, so on a GPU its scratch tensors are the GPU's
+            # (F.one_hot: zeros, then scatter_ of the labels): here they would be the CPU's, and the mix refused.
+            # (A Python function's own torch.zeros(n) without device= stays on the CPU, as on a GPU.)
+            shim.inherit += 1
+            reads = shim.counts["device_reads"]
+            try:
+                return func(*args, **kwargs)
+            finally:
+                shim.inherit -= 1
+                if func in NO_READS_ON_CUDA:
+                    shim.counts["device_reads"] = reads
         if _is_cuda(kwargs.get("device")):  # a factory (torch.zeros(..., device="cuda"), torch.tensor, new_*)
             kwargs["device"] = torch.device("cpu")
             kwargs.pop("pin_memory", None)
@@ -149,8 +171,9 @@ class _Looks(TorchFunctionMode):
             device, dtype = torch.device("cpu"), None
         elif len(args) > 1 and isinstance(args[1], torch.Tensor):  # .to(other): other's device and dtype
             device, dtype = (CUDA if shim.on(args[1]) else torch.device("cpu")), args[1].dtype
-        else:
-            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+        else:  # (_parse_to refuses copy=, which Tensor.to takes: GradScaler passes it)
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items()
+                                                                        if k != "copy"})
         dtype = dtype or t.dtype
         if device is None or (device.type == "cuda") == shim.on(t):  # stays where it is (dtype may change)
             out = t.to(dtype=dtype, copy=bool(kwargs.get("copy")))
@@ -237,6 +260,21 @@ def played_gpu(gpus: int = 1, free_gib: float = 70.0) -> Iterator[PlayedGPU]:
         stack.enter_context(mock.patch.object(torch.accelerator, "current_stream", lambda *a: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "current_stream", lambda *a: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "is_current_stream_capturing", lambda: False))
+        # torch's foreach paths (the optimizers, clip_grad_norm_, GradScaler's unscale) group tensors by the device
+        # their storage reports, which is the CPU's: each group's tensors were then moved "to" it, counted as copies
+        # to the host a GPU does not make. The groups of played tensors are the GPU's.
+        real_group = torch.utils._foreach_utils._group_tensors_by_device_and_dtype
+
+        def group(tensorlistlist, with_indices=False):
+            groups = real_group(tensorlistlist, with_indices)
+            played = lambda lists: any(shim.on(t) for ts in lists for t in ts if t is not None)  # noqa: E731
+            return {((CUDA if played(lists) else device), dtype): (lists, idx)
+                    for (device, dtype), (lists, idx) in groups.items()}
+        import importlib  # (torch.optim's submodules are not attributes of it in every version)
+
+        for name in ("torch.utils._foreach_utils", "torch.optim.optimizer", "torch.nn.utils.clip_grad"):
+            module = importlib.import_module(name)
+            stack.enter_context(mock.patch.object(module, "_group_tensors_by_device_and_dtype", group))
         stack.enter_context(_OnDevice(shim))
         stack.enter_context(_Looks(shim))
         yield shim

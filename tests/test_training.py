@@ -682,3 +682,39 @@ def test_a_classifier_that_is_not_learning_is_said_at_a_tenth_of_its_schedule():
     said.clear()  # the same run that learns (digits' 3 epochs: 2.29, 2.15, 1.84): nothing said
     Trainer(_cfg(), log=said.append, progress=False).fit()
     assert not [s for s in said if "not learning" in s]
+
+
+def test_muon_under_fp16_takes_the_scale_and_the_overflow_flag_on_the_device():
+    """Issue 80 N12: GradScaler read the inf flag on the host before every Muon step (a wait for a GPU each step).
+    MuonAdamW now takes the scale and the flag as tensors, as fused AdamW does: the update of gradients scaled by S
+    with grad_scale S is the update of the gradients themselves, and an overflow changes nothing, state included."""
+    import copy
+
+    import vitkit
+    from vitkit.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_micro_patch4_32", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                                depth=2)
+    cfg = TrainConfig(opt="muon", lr=0.01, weight_decay=0.05)
+    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    runs = []
+    for scale, inf in ((None, None), (1024.0, 0.0), (1024.0, 1.0)):
+        m = copy.deepcopy(model)
+        opt = build_optimizer(m, cfg)
+        for _ in range(2):  # the second step reads the momentum the first left
+            for n, p in m.named_parameters():
+                p.grad = grads[n] * (scale or 1.0)
+                if inf:
+                    p.grad[0] = float("inf")
+            if scale is not None:
+                opt.grad_scale, opt.found_inf = torch.tensor(scale), torch.tensor(inf)
+            opt.step()
+        runs.append((m, opt))
+    (plain, _), (scaled, _), (overflow, opt) = runs
+    for (n, a), b, c in zip(plain.named_parameters(), scaled.parameters(), overflow.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+        assert torch.equal(c, dict(model.named_parameters())[n]), n  # skipped: as it was
+    assert all(torch.equal(s["momentum_buffer"], torch.zeros_like(s["momentum_buffer"]))
+               for s in opt.muon.state.values())
+    assert type(opt)._step_supports_amp_scaling

@@ -94,9 +94,29 @@ class MuonAdamW:
         self.optimizers = [o for o in (self.muon, self.adamw) if o is not None]
         self.param_groups = [g for o in self.optimizers for g in o.param_groups]
 
+    # fp16's GradScaler hands an optimizer that says it takes them the loss scale and the inf flag as tensors
+    # (``grad_scale``, ``found_inf``), where it would otherwise read the flag on the host before every step: a wait
+    # for a GPU at each step (issue 80 N12). Muon takes them below; fused AdamW does in its kernel.
+    _step_supports_amp_scaling = True
+
     def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        self.muon.step(grad_scale=grad_scale, found_inf=found_inf)
+        if self.adamw is None:
+            return
+        if getattr(self.adamw, "_step_supports_amp_scaling", False):  # fused: unscales and skips on the device
+            self.adamw.grad_scale, self.adamw.found_inf = grad_scale, found_inf
+            try:
+                self.adamw.step()
+            finally:
+                del self.adamw.grad_scale, self.adamw.found_inf
+            return
+        if found_inf is not None and found_inf.item():  # (unfused AdamW: as GradScaler itself does, on the host)
+            return
+        if grad_scale is not None:
+            torch._foreach_div_([p.grad for g in self.adamw.param_groups for p in g["params"]
+                                 if p.grad is not None], grad_scale)
+        self.adamw.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
@@ -160,7 +180,12 @@ class Muon(torch.optim.Optimizer):
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[no-untyped-def]
+    def step(self, closure=None, grad_scale: torch.Tensor | None = None,  # type: ignore[no-untyped-def]
+             found_inf: torch.Tensor | None = None):
+        """One update; with fp16's ``grad_scale`` (the gradients are still multiplied by it) and ``found_inf``
+        (nonzero: an overflow, so nothing changes), both tensors on the device, as GradScaler gives fused
+        optimizers: no value is read by the host."""
+        keep = None if found_inf is None else found_inf == 0
         for g in self.param_groups:
             lr, momentum = g["lr"], g["momentum"]
             dtype = self.ns_dtype
@@ -168,17 +193,25 @@ class Muon(torch.optim.Optimizer):
             for p in g["params"]:
                 if p.grad is None:
                     continue
+                grad = p.grad if grad_scale is None else p.grad / grad_scale
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if g["nesterov"] else buf
+                if keep is None:
+                    buf.lerp_(grad, 1 - momentum)
+                else:  # (an overflow's inf or NaN must not reach the buffer: where, not a multiply by 0)
+                    buf.copy_(torch.where(keep, buf.lerp(grad, 1 - momentum), buf))
+                update = grad.lerp(buf, momentum) if g["nesterov"] else buf
                 by_shape[p.shape].append((p, update.reshape(len(p), -1)))
             for shape, pairs in by_shape.items():
                 params, updates = zip(*pairs)
                 ortho = newton_schulz(torch.stack(updates), g["ns_steps"], g["eps"], dtype)
-                torch._foreach_mul_(params, 1 - lr * g["weight_decay"])
                 m, n = ortho.shape[1:]
-                torch._foreach_add_(params, [o.view(shape) for o in ortho.unbind(0)],
-                                    alpha=-lr * 0.2 * math.sqrt(max(m, n)))
+                alpha = -lr * 0.2 * math.sqrt(max(m, n))
+                if keep is None:
+                    torch._foreach_mul_(params, 1 - lr * g["weight_decay"])
+                    torch._foreach_add_(params, [o.view(shape) for o in ortho.unbind(0)], alpha=alpha)
+                    continue
+                for p, o in zip(params, ortho.unbind(0)):
+                    p.copy_(torch.where(keep, p * (1 - lr * g["weight_decay"]) + alpha * o.view(shape), p))
 
 
 def lr_at(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float:
