@@ -132,7 +132,8 @@ class DataSplits:
 
         how = f"classes {', '.join(known[i] for i in keep)} of {len(known)} (--classes)"
         return dataclasses.replace(self, train=cut(self.train), val=cut(self.val),
-                                   classes=[self.classes[i] for i in keep], how=", ".join(filter(None, [self.how, how])))
+                                   classes=[self.classes[i] for i in keep],
+                                   how=", ".join(filter(None, [self.how, how])))
 
     def holding_out(self, share: float) -> "DataSplits":
         """A class-balanced ``share`` of the training images as the validation split, the rest to train on; the
