@@ -63,3 +63,40 @@ def cifar_slice(root: Path, per_class: int = 10) -> Path | None:
                     counts[key] = counts.get(key, 0) + 1
                     dst.writestr(n, src.read(n))
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_then_stop(argv: list[str], port: int, cwd: Path | None = None, env: dict | None = None,
+                    wait_s: float = 240) -> tuple[int, str]:
+    """Start ``vitkit serve`` (``argv``, listening on ``port``), wait until its page answers, stop it with SIGTERM
+    as a service manager would; its exit code and what it printed."""
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            assert proc.poll() is None, f"serve ended with {proc.returncode}: {proc.stdout.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    assert r.status == 200 and b"<html" in r.read().lower()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "serve never answered"
+                time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out

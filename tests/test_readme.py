@@ -15,15 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port, serve_then_stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "hooks"))
@@ -68,34 +65,11 @@ def commands(code: str) -> str:
     return "\n".join(shorter(line) for line in joined.splitlines())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(command: str, cwd: Path, env: dict) -> str:
-    """Start README's ``vitkit serve``, ask it for its page, stop it with SIGTERM; what it printed."""
+    """README's ``vitkit serve``, on a free port, asked for its page and stopped with SIGTERM: what it printed."""
     port = free_port()
-    argv = shlex.split(command.replace("--port 7860", f"--port {port}"))
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"serve ended with {proc.returncode}: {proc.stdout.read()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-                    assert r.status == 200 and b"<html" in r.read().lower()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "serve never answered"
-                time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, f"SIGTERM ended serve with {proc.returncode}:\n{out[-3000:]}"
+    code, out = serve_then_stop(shlex.split(command.replace("--port 7860", f"--port {port}")), port, cwd, env)
+    assert code == 0, f"SIGTERM ended serve with {code}:\n{out[-3000:]}"
     return out
 
 

@@ -193,37 +193,18 @@ def test_u6_estimate_on_data_held_in_memory_is_refused_before_the_plan(flags, wa
 def test_new_user_serve_stopped_by_sigterm_ends_with_0_and_a_line(tmp_path):
     """A service manager's stop (SIGTERM) ended `vitkit serve` with 143 and nothing said: uvicorn shuts down, then
     raises the signal again under the default handler."""
-    import signal
-    import socket
-    import subprocess
     import sys
-    import time
+
+    from helpers import free_port, serve_then_stop
 
     import vitkit
 
     model = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, patch_size=8, depth=1)
     model.save_pretrained(tmp_path / "m")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", "--checkpoint", str(tmp_path / "m"),
-                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.3)
-        server.send_signal(signal.SIGTERM)
-        out, _ = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-    assert server.returncode == 0, out
+    port = free_port()
+    code, out = serve_then_stop([sys.executable, "-m", "vitkit", "serve", "--checkpoint", str(tmp_path / "m"),
+                                 "--port", str(port)], port, wait_s=120)
+    assert code == 0, out
     assert out.rstrip().splitlines()[-1] == "vitkit demo stopped (SIGTERM)" and "Traceback" not in out, out
 
 
