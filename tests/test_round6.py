@@ -230,6 +230,8 @@ def test_new_user_the_pretrained_list_fits_a_wide_terminal_and_names_stay_whole(
     assert {e.name for e in list_pretrained("")} <= names  # every name whole, to copy
     assert main(["models", "--pretrained", "--sources", "augreg2"]) == 0
     assert "hf.co/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/model.safetensors" in capsys.readouterr().out
+    assert main(["models", "--pretrained", "nosuch"]) == 1  # (was a header alone)
+    assert "no registered weights' name contains 'nosuch'" in capsys.readouterr().out
 
 
 def test_u3_a_batch_larger_than_the_data_is_refused_from_the_counts_before_memory_is_measured(capsys, monkeypatch):

@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         from ..interop.registry import list_pretrained
 
         entries = list_pretrained(args.filter)
+        if not entries:
+            print(f"no registered weights' name contains {args.filter!r} (`vitkit models --pretrained` lists them all)")
+            return 1
         if args.sources:
             print(_table([["name", "source"]] + [[e.name, e.source] for e in entries], first=NAME_WIDTH))
             return 0

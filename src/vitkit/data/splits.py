@@ -109,7 +109,7 @@ class DataSplits:
         """Only the images of the classes ``names`` (``--classes a,b,c``), relabelled 0..k-1 in the dataset's own
         order, which is also the order the checkpoint lists them in. A name the dataset lacks is refused with the
         names it has."""
-        if not names:
+        if not names or names == [str(c) for c in self.classes]:  # (every class, in its order: the data as it is)
             return self
         if len(set(names)) != len(names):
             raise ValueError(f"--classes: {', '.join(n for n in dict.fromkeys(names) if names.count(n) > 1)} given "
