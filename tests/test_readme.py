@@ -33,16 +33,15 @@ HUB = ["vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_small_patch14_reg4_din
 
 # Flags added to a README command so that it is a short run of the same thing: (what the command holds, the flags).
 # The first that matches is taken. Training keeps its --time-limit (the planner and the budget run as a user's
-# would) and is capped at one epoch of a small share of the data.
+# would) and is capped at one epoch (of a small share of the larger datasets).
 SHORTER = [
     ("calibrate", "--train-fraction 0.02"),
     ("bench", "--repeats 1 --no-compile --no-int8 --train-steps 2"),
-    ("train --init vit_base", "--train-fraction 0.05 -b 4 --max-epochs 1 --eval-batch-size 16"),
-    ("train --init vit_small", "--train-fraction 0.05 -b 4 --max-epochs 1 --eval-batch-size 16 --img-size 70"),
-    ("fashion-mnist --time-limit", "--train-fraction 0.02 --max-epochs 1"),
-    ("pretrain", "--max-epochs 1"),
-    ("train --init runs/mae", "--max-epochs 1"),
-    ("vitkit train --dataset", "--max-epochs 1"),
+    ("train --init vit_base", "--train-fraction 0.05 -b 4 --epochs 1 --max-epochs 1 --eval-batch-size 16"),
+    ("train --init vit_small", "--train-fraction 0.05 -b 4 --epochs 1 --max-epochs 1 --eval-batch-size 16 "
+                               "--img-size 70"),
+    ("fashion-mnist --time-limit", "--train-fraction 0.02 --epochs 1 --max-epochs 1"),
+    ("--time-limit", "--epochs 1 --max-epochs 1"),  # (a budget's schedule grows up to --max-epochs: both cap it)
     ("vitkit train", "--epochs 2"),
     ("probe", "--epochs 2"),
 ]
@@ -76,7 +75,7 @@ def serve(command: str, cwd: Path, env: dict) -> str:
 def test_commands_are_shortened_by_flags_only() -> None:
     line = "vitkit train --dataset fashion-mnist --time-limit 5 --output runs/fmnist  # a comment"
     assert shorter(line) == ("vitkit train --dataset fashion-mnist --time-limit 5 --output runs/fmnist "
-                             "--train-fraction 0.02 --max-epochs 1  # a comment")
+                             "--train-fraction 0.02 --epochs 1 --max-epochs 1  # a comment")
     assert shorter("unzip -q ants-bees.zip") == "unzip -q ants-bees.zip"
     code = "vitkit train --init vit_base_patch16_224.augreg2_in21k_ft_in1k --dataset folder \\\n    --output runs/a\n"
     assert commands(code).startswith("vitkit train --init vit_base_patch16_224.augreg2_in21k_ft_in1k --dataset "
