@@ -36,7 +36,7 @@ HUB = ["vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_small_patch14_reg4_din
 # would) and is capped at one epoch (of a small share of the larger datasets).
 SHORTER = [
     ("calibrate", "--train-fraction 0.02"),
-    ("bench", "--repeats 1 --no-compile --no-int8 --train-steps 2"),
+    ("bench", "--repeats 1 --no-compile --no-int8 --no-train --dtypes fp32"),  # (bf16 is emulated on some CPUs)
     ("train --init vit_base", "--train-fraction 0.05 -b 4 --epochs 1 --max-epochs 1 --eval-batch-size 16"),
     ("train --init vit_small", "--train-fraction 0.05 -b 4 --epochs 1 --max-epochs 1 --eval-batch-size 16 "
                                "--img-size 70"),

@@ -66,9 +66,19 @@ def run(args: argparse.Namespace) -> int:
           f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
           + (f"; inference on {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""), flush=True)
 
+    from ..runtime.cpu import BF16_SLOW, bf16_matmul_slowdown
+
+    # a CPU that emulates bf16 (AVX2 only: its matmuls ~100x fp32's) took minutes on the bf16 ceiling's 2048^3
+    # matmuls, printing nothing: timed only where bf16 keeps up (the training planner's check, ~0.1 s)
+    slow = bf16_matmul_slowdown() if device.type == "cpu" else 1.0
+    if slow >= BF16_SLOW:
+        print(f"bf16 matmul ceiling not timed: its matmuls take {slow:.1f}x fp32's on this CPU (emulated)")
+
     def measure_ceiling(when: str) -> dict[str, float]:  # on the inference rows' device
         n = 8192 if device.type == "cuda" else 2048
-        c = {"fp32": matmul_ceiling(torch.float32, n, device), "bf16": matmul_ceiling(torch.bfloat16, n, device)}
+        c = {"fp32": matmul_ceiling(torch.float32, n, device)}
+        if slow < BF16_SLOW:
+            c["bf16"] = matmul_ceiling(torch.bfloat16, n, device)
         print(f"matmul ceiling{when}: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.items()), flush=True)
         return c
 
