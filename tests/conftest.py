@@ -68,6 +68,7 @@ LONG_FIRST = ("test_optimize_for_inference_with_compile_runs_and_agrees",
               "test_a_downloaded_notebook_runs_top_to_bottom",
               "test_workers_are_capped_and_a_stop_that_cannot_end_its_step_exits_within_seconds",
               # -m long
+              "test_the_readme_tour_runs_in_order",  # (~20 minutes on a 2-core AVX2 EPYC: first, beside the rest)
               "test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
               "test_tutorial_runs_and_shows_what_it_prints[train-in-minutes]",
               "test_tutorial_runs_and_shows_what_it_prints[backbone]",
