@@ -115,7 +115,8 @@ def test_bench_inference_on_a_gpu_reports_memory_and_agrees_with_the_cpu():
     assert all(r["device"].startswith("cuda") and r["gpu_mem_mb"] > 0 and r["img_s"] > 0 for r in rows)
 
 
-def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_path, capsys, monkeypatch):
+def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_path, capsys, monkeypatch,
+                                                                          bf16_keeps_up):
     import json
 
     import vitkit.bench.timing as timing
@@ -131,6 +132,26 @@ def test_bench_cli_reports_against_the_higher_of_two_ceiling_measurements(tmp_pa
         assert r["frac_of_ceiling"] == pytest.approx(r["gflop_per_img"] * 1e9 * r["img_s"] / 300e9)
     assert {r["impl"] for r in result["rows"]} == {"vitkit", "timm"}
     assert "the higher of the two is used" in capsys.readouterr().out
+
+
+def test_bench_does_not_time_the_bf16_ceiling_where_bf16_is_emulated(tmp_path, capsys, monkeypatch):
+    """On an AVX2-only EPYC the bf16 ceiling's 2048^3 matmuls ran for over 6 minutes with nothing printed."""
+    import json
+    import math
+
+    import vitkit.bench.timing as timing
+    import vitkit.runtime.cpu as cpu_mod
+
+    monkeypatch.setattr(cpu_mod, "bf16_matmul_slowdown", lambda: 36.6)
+    asked = []
+    monkeypatch.setattr(timing, "matmul_ceiling", lambda dtype, n=2048, device="cpu": asked.append(dtype) or 50e9)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--models", "vit_tiny_patch16_224", "--batches", "1", "--dtypes", "fp32", "--peers",
+                 "timm", "--repeats", "1", "--no-compile", "--no-int8", "--no-train", "--json", str(out)]) == 0
+    assert asked == [torch.float32, torch.float32]  # the two fp32 measurements, no bf16 one
+    assert "bf16 matmul ceiling not timed: its matmuls take 36.6x fp32's on this CPU" in capsys.readouterr().out
+    ceiling = json.loads(out.read_text())["ceiling_flop_s"]
+    assert ceiling["fp32"] == 50e9 and math.isnan(ceiling["bf16"])
 
 
 def test_bench_times_onnxruntime_as_a_peer_and_vitkits_int8_export_beside_it():
@@ -149,7 +170,8 @@ def test_bench_times_onnxruntime_as_a_peer_and_vitkits_int8_export_beside_it():
     assert len(inference._ONNX) == 1
 
 
-def test_bench_cli_default_rates_vitkits_chosen_dtype_against_that_dtypes_ceiling(tmp_path, capsys, monkeypatch):
+def test_bench_cli_default_rates_vitkits_chosen_dtype_against_that_dtypes_ceiling(tmp_path, capsys, monkeypatch,
+                                                                                  bf16_keeps_up):
     import json
 
     import vitkit.bench.timing as timing
