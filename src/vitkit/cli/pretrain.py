@@ -36,11 +36,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "1.5e-4, He et al.'s; mpp 1e-3). At a budget of tens of epochs MAE does far better with "
                         "1e-3 (measured: docs/results.md, Learning without labels)")
     train.add_parser(p)
-    for action in p._actions:  # what reads labels has no meaning here: not listed, and refused where given
-        if action.dest in LABELS_ONLY:
+    for action in p._actions:
+        if action.dest in LABELS_ONLY:  # what reads labels has no meaning here: not listed, and refused where given
             action.help = argparse.SUPPRESS
-    for action in p._actions:  # train's --init speaks of fine-tuning; here it continues a pre-training
-        if action.dest == "init":
+        elif action.dest == "init":  # train's --init speaks of fine-tuning; here it continues a pre-training
             action.help = ("continue pre-training from weights: a `vitkit pretrain` checkpoint (its encoder, and its "
                            "decoder or head where they are of this --method), a Hugging Face ViTMAE folder, or any "
                            "encoder --init of vitkit train reads (a new decoder); the flags say what changes")

@@ -7,7 +7,7 @@ import torch
 def check_batches(name: str, n: int, batch_size: int, grad_accum: int = 1, world: int = 1) -> None:
     """Refuse, from the counts alone, ``n`` training images that make no optimizer step an epoch: fewer than one
     global batch, or fewer whole batches than one step accumulates (the loop would never end). The trainer and the
-    sampler ask it, and the planner before it measures memory (training/plan.py, _weights_fit)."""
+    sampler ask it, and the planner before it measures memory (training/plan.py, _batches_make_a_step)."""
     if n < batch_size * world:
         raise ValueError(f"{name}: {n:,} training images are fewer than one global batch of {batch_size * world:,} "
                          f"({world} process{'es' * (world > 1)} x --batch-size {batch_size:,}); lower --batch-size")

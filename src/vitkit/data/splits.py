@@ -1,7 +1,6 @@
 """What every dataset loader returns: uint8 images and int64 labels in memory, a train and a validation split."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -109,12 +108,12 @@ class DataSplits:
         """Only the images of the classes ``names`` (``--classes a,b,c``), relabelled 0..k-1 in the dataset's own
         order, which is also the order the checkpoint lists them in. A name the dataset lacks is refused with the
         names it has."""
-        if not names or names == [str(c) for c in self.classes]:  # (every class, in its order: the data as it is)
+        known = [str(c) for c in self.classes]
+        if not names or names == known:  # (every class, in its order: the data as it is)
             return self
         if len(set(names)) != len(names):
             raise ValueError(f"--classes: {', '.join(n for n in dict.fromkeys(names) if names.count(n) > 1)} given "
                              "twice")
-        known = [str(c) for c in self.classes]
         if unknown := [n for n in names if n not in known]:
             shown = ", ".join(known[:30]) + (f", ... ({len(known)} in all)" if len(known) > 30 else "")
             raise ValueError(f"--classes: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a class of "
@@ -125,9 +124,8 @@ class DataSplits:
 
         def cut(split: Any) -> Any:
             labels = split.labels.cpu()
-            part = split.subset(torch.isin(labels, torch.tensor(keep)).nonzero()[:, 0])
-            part = copy.copy(part)  # (ImageTensors or StreamedImages: the same images, their labels renumbered)
-            part.labels = new[part.labels.cpu()].to(split.labels.device)
+            part = split.subset(torch.isin(labels, torch.tensor(keep)).nonzero()[:, 0])  # (a new object)
+            part.labels = new[part.labels.cpu()].to(split.labels.device)  # ImageTensors or StreamedImages alike
             return part
 
         how = f"classes {', '.join(known[i] for i in keep)} of {len(known)} (--classes)"

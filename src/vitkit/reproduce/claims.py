@@ -161,8 +161,9 @@ FINETUNE = {"opt": "adamw", "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 1
 # fine-tuning trained without random crops, clipped, and at 4x the batch: a quarter of the optimiser steps).
 RECIPE_KEYS = {"grad_accum": 1, "crop_padding": 0, "clip_grad": 0.0, "min_lr": 1e-5}
 # MAE's pre-training at this scale: He et al.'s blr 1.5e-4 (at a batch of 4096, lr 2.4e-3, for 100-1600 epochs
-# alike); at the batch of 256 here it gives lr 1.5e-4, measured too small for 32 epochs (CIFAR-10, 20 minutes on a 2-core Xeon: test loss
-# 0.663, fine-tuned on 10% 55.90%; with blr 1e-3, the supervised runs' peak lr: 0.525 and 65.11%, two seeds each).
+# alike); at the batch of 256 here it gives lr 1.5e-4, measured too small for 32 epochs (CIFAR-10, 20 minutes on a
+# 2-core Xeon: test loss 0.663, fine-tuned on 10% 55.90%; with blr 1e-3, the supervised runs' peak lr: 0.525 and
+# 65.11%, two seeds each).
 PRETRAIN_MAE = {"objective": "mae", "blr": 1e-3}
 
 

@@ -225,13 +225,16 @@ class Planning:
         return (self.cal.seconds_of(**self.chosen) or self.cal.best.seconds or 0.0) if self.cal is not None else 0.0
 
 
-def _weights_fit(s: Planning) -> None:
-    """The training images make an optimizer step (from the counts alone: ``-b 100000`` on 1,437 digits was split
-    50000 x 2 by the memory plan first, then refused as "1 x 50000"); on a CPU, the model's weights fit the memory
-    this process may use (--init's are counted as they are read). Where a tier or a GPU's batch search may still
-    change the batch, the trainer checks the batch it ends with."""
+def _batches_make_a_step(s: Planning) -> None:
+    """The training images make an optimizer step, from the counts alone, before any memory is measured (``-b
+    100000`` on 1,437 digits was split 50000 x 2 by the memory plan first, then refused as "1 x 50000"). Where a
+    tier or a GPU's batch search may still change the batch, the trainer checks the batch it ends with."""
     if not s.tiered and not s.gpu_batch:
         check_batches(s.data.name, len(s.data.train), s.cfg.batch_size, s.cfg.grad_accum, rank_and_world()[1])
+
+
+def _weights_fit(s: Planning) -> None:
+    """On a CPU, the model's weights fit the memory this process may use (--init's are counted as they are read)."""
     if s.device.type == "cpu" and not s.cfg.init:
         check_weights_fit(s.cfg, model_config(s.cfg, s.data))
 
@@ -505,8 +508,8 @@ def _leave_to_the_run(s: Planning) -> None:
 # The planner's decisions, in the order they are made: each a function of the plan so far. A new decision (a GPU's,
 # say) is a new entry here, placed where what it needs has been decided.
 DECISIONS: list[Callable[[Planning], None]] = [
-    _weights_fit, _the_step, _threads, _batch_on_a_gpu, _step_settings, _tier, _fastest_settings, _compile,
-    _leave_to_the_run, _schedule, _data_pipeline, _budget_holds]
+    _batches_make_a_step, _weights_fit, _the_step, _threads, _batch_on_a_gpu, _step_settings, _tier,
+    _fastest_settings, _compile, _leave_to_the_run, _schedule, _data_pipeline, _budget_holds]
 
 
 def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p: Plan,
