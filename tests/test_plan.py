@@ -289,14 +289,15 @@ def test_the_bias_after_the_matmul_gives_the_same_logits_and_is_chosen_only_when
         torch.testing.assert_close(split(x), model(x), rtol=1e-5, atol=1e-6)  # the same sums, bias added last
     assert list(split.state_dict()) == list(inference.optimize_for_inference(model, dtype=None).state_dict())
     # the staged timing: dtype and path first, then the bias on the winner; the later stage decides
-    for faster in ("split", "addmm"):
+    # (split timed 1% faster than addmm: within the noise, PyTorch's own addmm is kept)
+    for faster, split_s, batch in (("split", 0.01, 3), ("addmm", 0.02, 2), ("addmm", 0.0149, 4)):
         def fake_time(what, candidates, make, **kw):
-            secs = {"split": 0.01 if faster == "split" else 0.02, "addmm": 0.015}
+            secs = {"split": split_s, "addmm": 0.015}
             return Calibration(what, [Timing(c, secs[c["bias"]] if "bias" in c else
                                              (0.012 if c == {"dtype": "fp32", "attention": "exact"} else 0.05), 3)
                                       for c in candidates])
         monkeypatch.setattr(cal_mod, "time_candidates", fake_time)
-        fast = inference.optimize_for_inference(model, batch_size=3 if faster == "split" else 2)
+        fast = inference.optimize_for_inference(model, batch_size=batch)
         assert fast.calibration.best.settings == {"dtype": "fp32", "attention": "exact", "bias": faster}
         assert fast.precision == "fp32" and fast.model.blocks[0].attn.impl == "exact"
         assert isinstance(fast.model.blocks[0].mlp.fc1, inference.SplitBiasLinear) == (faster == "split")
