@@ -4,6 +4,7 @@ tests/test_interop.py; the bf16 + split-bias path an AMX CPU chooses: tests/test
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -374,3 +375,30 @@ def test_nproc_per_node_trains_on_two_processes_and_prints_only_vitkits_lines(tm
                          timeout=300, env={**_env(), "OMP_NUM_THREADS": "1"})
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "ChildFailedError" not in bad.stderr
     assert bad.stderr.strip().splitlines() == ["vitkit train: error: train config: lr must be > 0, got -1.0"]
+
+
+def test_processes_at_a_lower_priority_are_not_load_unless_this_one_is_niced(monkeypatch):
+    """A PyTorch job at ``nice -n 19`` yields its cores to a run at normal priority: counted as load, it made the
+    run plan on one thread (issue 79). /proc/stat's columns: user nice system idle iowait irq softirq steal."""
+    from vitkit.runtime import threads
+
+    stat = {"text": ""}
+
+    class FakeStat:
+        def __init__(self, path):
+            assert str(path) == "/proc/stat"
+
+        def read_text(self):
+            return stat["text"]
+
+    def ticks(user, nice):
+        return "".join(f"cpu{i} {user} {nice} 0 100 0 0 0 0 0 0\n" for i in os.sched_getaffinity(0))
+
+    monkeypatch.setattr(threads, "Path", FakeStat)
+    hz, cores = os.sysconf("SC_CLK_TCK"), len(os.sched_getaffinity(0))
+    for niceness, counted in ((0, 100), (5, 100 + 300)):
+        monkeypatch.setattr(threads, "_niceness", lambda n=niceness: n)
+        stat["text"] = ticks(0, 0)
+        before = threads._busy_seconds()
+        stat["text"] = ticks(100, 300)  # per core: 1 s of others at this priority, 3 s of niced ones
+        assert threads._busy_seconds() - before == pytest.approx(cores * counted / hz)

@@ -159,19 +159,29 @@ class OtherLoad:
 
 
 def _busy_seconds() -> float | None:
-    """Seconds the usable cores spent on anything but idling (user, nice, system, irq, softirq, steal)."""
+    """Seconds the usable cores spent on anything but idling (user, system, irq, softirq, steal), and on niced
+    processes (``nice -n 19``) only where this process is niced too: at its own priority they yield it the cores,
+    and a nice-19 PyTorch job counted as load made a 5-minute CIFAR-10 run plan on one thread (issue 79)."""
     try:
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         lines = Path("/proc/stat").read_text().splitlines()
     except (AttributeError, OSError):
         return None
+    count_nice = _niceness() > 0
     ticks = 0
     for line in lines:
         name, *v = line.split()
         if name in cpus and len(v) >= 8:
             user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, v[:8])
-            ticks += user + nice + system + irq + softirq + steal
+            ticks += user + (nice if count_nice else 0) + system + irq + softirq + steal
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _niceness() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):  # not Unix
+        return 0
 
 
 def _own_seconds() -> float:
