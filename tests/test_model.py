@@ -343,3 +343,21 @@ def test_attention_is_chosen_by_name_and_recorded_by_a_hook():
         q, k, _ = blk.attn.qkv(z).reshape(2, 5, 3, 3, 64).permute(2, 0, 3, 1, 4)
         torch.testing.assert_close(maps[0], torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1), rtol=1e-5, atol=1e-6)
         assert model(x).shape == (2, 3) and len(maps) == 2  # nothing recorded outside the context
+
+
+@pytest.mark.parametrize("kw", [{}, dict(pool="gap"), dict(dist_token=True, reg_tokens=2),
+                                dict(hybrid="conv:32,M,64,M", patch_size=1),
+                                dict(hybrid="resnet18:1", patch_size=1, img_size=64)])
+def test_flops_per_image_is_what_pytorchs_flop_counter_counts(kw):
+    """The formula against torch.utils.flop_counter over the forward on the exact attention path (whose matmuls it
+    counts). A hybrid's tokens come from its CNN's map: the CIFAR-10 recipe's 8x8 grid was counted as 32x32, 12x
+    its FLOPs, and the planner refused budgets from that (issue 79)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.model.vit import flops_per_image
+
+    m = vitkit.create_model("vit_tiny_patch16_224", **{"img_size": 32, "patch_size": 8, "num_classes": 5, **kw})
+    m.eval().set_attention("exact")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        m(torch.randn(1, 3, *(m.config.img_size,) * 2))
+    assert flops_per_image(m.config) == pytest.approx(counter.get_total_flops(), rel=1e-6)

@@ -12,6 +12,7 @@ parts, absent unless the config turns them on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import threading
@@ -524,9 +525,25 @@ class VisionTransformer(Backbone, nn.Module):
 
 
 def flops_per_image(c: ViTConfig) -> float:
-    """Forward FLOPs (2 x MACs) of the transformer's matmuls for one image, for utilisation figures."""
-    gh, gw = (s // p for s, p in zip(to_2tuple(c.img_size), to_2tuple(c.patch_size)))
+    """Forward FLOPs (2 x MACs) of the transformer's matmuls for one image, and of a hybrid's CNN, for utilisation
+    figures and the planner's first estimate of a step."""
+    gh, gw = c.grid_size  # (a hybrid's patches are cut from the CNN's map: the CIFAR-10 recipe's 8x8, not 32x32)
     n, t, d = gh * gw, gh * gw + c.num_prefix_tokens, c.embed_dim
-    patch = n * d * c.in_chans * math.prod(to_2tuple(c.patch_size))
+    chans = c.in_chans if not c.hybrid else cnn_stem(c.hybrid, c.in_chans)[1]
+    patch = n * d * chans * math.prod(to_2tuple(c.patch_size))
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * int(d * c.mlp_ratio)
-    return 2.0 * (patch + c.depth * per_block + d * c.num_classes * (1 + c.dist_token))
+    stem = _stem_flops(c.hybrid, c.in_chans, to_2tuple(c.img_size)) if c.hybrid else 0.0
+    return 2.0 * (patch + c.depth * per_block + d * c.num_classes * (1 + c.dist_token)) + stem
+
+
+@functools.lru_cache(maxsize=32)
+def _stem_flops(spec: str, in_chans: int, img_size: tuple[int, int]) -> float:
+    """FLOPs of a hybrid's CNN for one image, counted by PyTorch's FlopCounterMode on the meta device (no memory)."""
+    from torch.utils.flop_counter import FlopCounterMode  # (only for a hybrid)
+
+    with torch.device("meta"):
+        stem = cnn_stem(spec, in_chans)[0].eval()
+        x = torch.empty(1, in_chans, *img_size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        stem(x)
+    return float(counter.get_total_flops())
