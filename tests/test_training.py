@@ -718,3 +718,31 @@ def test_muon_under_fp16_takes_the_scale_and_the_overflow_flag_on_the_device():
     assert all(torch.equal(s["momentum_buffer"], torch.zeros_like(s["momentum_buffer"]))
                for s in opt.muon.state.values())
     assert type(opt)._step_supports_amp_scaling
+
+
+def test_the_ema_averages_weights_and_batchnorm_statistics_by_the_formula(tmp_path):
+    """--model-ema on a hybrid (BatchNorm in its CNN): each step's EMA is decay * ema + (1 - decay) * weights, the
+    first a copy, worked out here from the weights after every step; its BatchNorm statistics too (they stayed at
+    step 0's mean 0 / variance 1, and the EMA weights were evaluated and kept with them)."""
+    decay = 0.9
+    t = Trainer(_cfg(epochs=1, model_ema=True, model_ema_decay=decay, output=None,
+                     model_args={"hybrid": "conv:8,M", "patch_size": 2}), log=_quiet, progress=False)
+    seen = []
+    update = t.ema.update_parameters
+
+    def record(module):
+        update(module)
+        seen.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+
+    t.ema.update_parameters = record
+    t.train_epoch()
+    assert len(seen) == t.step >= 3
+    want = dict(seen[0])
+    for now in seen[1:]:
+        want = {k: (decay * want[k] + (1 - decay) * now[k]) if now[k].is_floating_point() else now[k] for k in now}
+    got = t.ema.module.state_dict()
+    mean = next(k for k in want if k.endswith("running_mean"))
+    assert got[mean].abs().sum() > 0  # (not step 0's zeros)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+    assert int(t.ema.n_averaged) == t.step and t.ema.n_averaged.device.type == "cpu"

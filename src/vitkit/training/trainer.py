@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from ..data.augment import batches
@@ -36,6 +35,7 @@ from .build import (apply_layout, augment_for, build_data, build_model, for_run,
                     preprocessing_for, resident)
 from .checkpoint import load_train_state, recover_run, save_checkpoint
 from .config import TrainConfig
+from .ema import ModelEma
 from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
@@ -157,8 +157,7 @@ class Trainer:
         if getattr(self.objective, "note", "") and self.rank == 0:
             self.log(self.objective.note)
         self.optimizer = build_optimizer(self.module, cfg)
-        self.ema = AveragedModel(self.module, multi_avg_fn=get_ema_multi_avg_fn(cfg.model_ema_decay)) \
-            if cfg.model_ema else None
+        self.ema = ModelEma(self.module, cfg.model_ema_decay) if cfg.model_ema else None
         tuning = self.plan.tuning if self.plan is not None else None
         fp16 = self.precision == "fp16" or "fp16" in ((tuning or {}).get("options") or {}).get("precision", [])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=fp16)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generator
 
 from ..runtime.calibrate import CUT, Calibration, Timing
-from ..runtime.threads import pick
+from ..runtime.threads import BIG_STEP_S, pick
 
 ROUNDS = 3  # timed steps per candidate (round-robin) ...
 # ... or up to MAX_ROUNDS while a setting's timed steps have taken less than SHORT_PHASE_S: a 60 ms step's three
@@ -137,6 +137,9 @@ class StepTuner:
                 if c.warm is not None and best is not None and c.warm > WARM_CUT * best:
                     c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms vs {best * 1e3:.0f} ms)"
                     continue
+                if c.warm is not None and best is not None and _splits_well(phase, c, best):
+                    c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms: a {best:.1f} s step splits well)"
+                    continue
                 c.samples.append((yield from self._timed(phase, c)))
             self._cut(phase, FIRST_CUT)
             for r in range(1, MAX_ROUNDS):
@@ -235,6 +238,16 @@ class StepTuner:
                              + (f" ({c.note})" if c.note else "") for c in phase.candidates)
             out.append(f"  {phase.key}: {each} -> {_name(phase.key, phase.chosen)}")
         return out
+
+
+def _splits_well(phase: Phase, c: _Candidate, best: float) -> bool:
+    """A step of ``BIG_STEP_S`` or more on more threads, which fewer ran no faster even at its warm-up, splits well:
+    no more of it is timed (as threads.choose_threads decides before a run). Quiet, the CIFAR-10 hybrid's 1 s step
+    took ~1.8 s on one of two AVX2 EPYC cores, and its two more timed steps were ~1.7 s of a 5-minute run's ~6 s
+    tuning excess; beside a busy process one thread's steps are the faster ones, and they are timed."""
+    faster = [o.value for o in phase.candidates if o.samples and o.alive and min(o.samples) == best]
+    return phase.key == "threads" and best >= BIG_STEP_S and c.warm >= best and bool(faster) \
+        and c.value < faster[0]
 
 
 def _pace(samples: list[float]) -> float:
