@@ -34,7 +34,9 @@ CUDA = torch.device("cuda", 0)
 aten = torch.ops.aten
 # ops that move data between the devices (each direction counted), and reads that wait for the device
 COPIES = {aten._to_copy.default, aten.copy_.default}
-READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten.is_nonzero.default}
+# (CUDA's bincount reads its input's min and max back to size its output: SummaryOps.cu)
+READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten.is_nonzero.default,
+         aten.bincount.default}
 # CUDA indexes a GPU tensor with CPU indices (the indices are copied over); the other way round it refuses
 INDEXING = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 

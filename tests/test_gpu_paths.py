@@ -100,6 +100,21 @@ def test_a_training_step_waits_for_the_device_once_a_read_not_once_a_step(tmp_pa
         assert gpu.counts["host_to_device"] <= 1, dict(gpu.counts)  # the epoch's order, once
 
 
+def test_an_evaluation_waits_for_the_device_a_few_times_not_once_a_batch(tmp_path, gpu):
+    """Issue 80 P17: the confusion matrix was counted with torch.bincount, which on CUDA reads its input's min and max
+    back to the host (two waits a batch); the metrics are read once, at the end, whatever the number of batches."""
+    t = Trainer(gpu_config(tmp_path, eval_batch_size=8, output=None), **QUIET)
+    batches = math.ceil(len(t.data.val) / 8)
+    if gpu is not None:
+        gpu.reset()
+    m = t.evaluate()
+    assert batches >= 40 and m["n"] == len(t.data.val) and sum(map(sum, m["confusion"])) == m["n"]
+    if gpu is not None:
+        assert gpu.syncs() <= 8, dict(gpu.counts)
+    logits = t.model.eval()(t.augment(t.data.val.images.float(), t.data.val.labels, train=False)[0])
+    assert m["top1"] == pytest.approx(100 * (logits.argmax(1) == t.data.val.labels).float().mean().item())
+
+
 def test_a_checkpoint_from_four_gpus_resumes_on_fewer(tmp_path):
     """A state whose CUDA RNG holds every visible GPU's (as vitkit wrote before, from a 4-GPU machine) resumes on a
     machine that sees one: this rank's own state is taken, not set_rng_state_all's IndexError."""

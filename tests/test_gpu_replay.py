@@ -326,3 +326,20 @@ def test_cuda_graphs_are_a_compile_candidate_taken_where_they_are_faster(h200, m
     monkeypatch.setattr(compile_mod.torch, "compile", lambda m, mode=None: asked.append(mode) or m)
     model_for_training(torch.nn.Linear(2, 2), cfg, torch.device("cpu"), 1, lambda s: None)
     assert asked == ["reduce-overhead"]
+
+
+def test_the_candidates_are_timed_with_cudnns_search_on_as_the_run_trains(h200, monkeypatch):
+    """Issue 80 N10: cudnn.benchmark was set when the run's model was built, after the planner had timed every
+    candidate without it: the timings were of convolutions the run does not run."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    seen = []
+    real = cal_mod.time_candidates
+
+    def spy(what, candidates, make, **kw):
+        seen.append(torch.backends.cudnn.benchmark)
+        return real(what, candidates, make, **kw)
+
+    monkeypatch.setattr(cal_mod, "time_candidates", spy)
+    cfg = TrainConfig.from_dict({**read_recipe("cifar10"), "dataset": "folder", "time_limit": 4.0})
+    plan_mod.make_plan(cfg, h200.data, "cifar10", log=lambda s: None, device=torch.device("cuda", 0))
+    assert seen and all(seen)

@@ -210,8 +210,7 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
     if cfg.needs_plan:
         raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
     apply_layout(model, cfg.attention, cfg.channels_last)
-    if device.type == "cuda":  # the steps' shapes are fixed: cuDNN's search for the convolutions' (stem, patch
-        torch.backends.cudnn.benchmark = True  # embedding) fastest algorithm is paid once
+    search_convolutions(device)
     if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
         # DDP compares a gradient's strides with its bucket's literally: a weight with a dimension of size 1 (a
         # one-channel image's patch embedding, D x 1 x P x P) lies in memory the same either way, yet warned on
@@ -222,6 +221,14 @@ def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device,
                                                     find_unused_parameters=cfg.objective != "classify")
     return compile_for_training(model, device, log, cfg.compile if isinstance(cfg.compile, str) else None) \
         if cfg.compile else model
+
+
+def search_convolutions(device: torch.device) -> None:
+    """On a GPU, cuDNN times its convolution algorithms for each shape once and keeps the fastest (a run's steps have
+    fixed shapes: the stem's and the patch embedding's search is paid once). Set before the planner times any step
+    too: its candidates were timed without it and the run trained with it (issue 80, N10)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
 
 
 def apply_layout(model: nn.Module, attention: str, channels_last: bool) -> None:

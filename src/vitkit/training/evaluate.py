@@ -35,8 +35,9 @@ def evaluate(model: torch.nn.Module, data: ImageTensors, augment: BatchAugment, 
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         k = min(5, num_classes)
         top5 += (logits.topk(k, dim=1).indices == y[:, None]).any(dim=1).sum()
-        confusion += torch.bincount(y * num_classes + logits.argmax(1), minlength=num_classes ** 2).view(
-            num_classes, num_classes)
+        # (index_add_, not bincount: CUDA's bincount reads the labels' min and max back to the host, two waits for
+        # the device a batch)
+        confusion.view(-1).index_add_(0, y * num_classes + logits.argmax(1), torch.ones_like(y))
     if world > 1:
         for t in (confusion, loss_sum, top5):
             dist.all_reduce(t)

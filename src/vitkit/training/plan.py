@@ -46,7 +46,7 @@ from .budget import budget_left, check_budget
 from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
                            expected_compile_gain, trained_step_s,  # (COMPILE_GAIN, compile_*: public names)
                            would_time_compile)
-from .build import build_data, for_run, model_config, resident_bytes
+from .build import build_data, for_run, model_config, resident_bytes, search_convolutions
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .memory_plan import check_weights_fit, decide_memory, optimizer_moments
@@ -119,6 +119,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     start_time = start_time or start
     rank, world = rank_and_world()
     device = device or resolve_device(cfg.device, local_rank())
+    search_convolutions(device)  # (as the run's steps will be: the candidates are timed so)
     p = Plan(recipe, str(device), machine_name(device),
              {k: getattr(cfg, k) for k in ("precision", "compile", "attention", "channels_last")})
     if world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
