@@ -113,7 +113,7 @@ def test_the_steps_peak_scaled_from_one_and_two_blocks_is_the_full_models(tmp_pa
     and scales by the depth. Against the full 12-block model's own step, measured directly."""
     from vitkit.training.memory_plan import measure_step, step_peak
 
-    _, probe = _probe_for(tmp_path, {"img_size": 32, "patch_size": 4})
+    _, probe = _probe_for(tmp_path, {"img_size": 32, "patch_size": 4, "embed_dim": 64, "num_heads": 2})
     for s in ({"precision": "fp32", "attention": "exact", "channels_last": False},
               {"precision": "bf16", "attention": "sdpa", "channels_last": False}):
         m = measure_step(probe, s, 32, room=1e12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from vitkit.cli.main import main
 
@@ -70,8 +71,12 @@ def test_c1_a_run_folder_whose_first_last_save_died_can_be_started_over_and_noth
     aside = next(run.glob("before-restart-*"))
     assert (aside / "best" / "model.safetensors").read_bytes() == best and (aside / "metrics.jsonl").is_file()
     assert (run / "last" / "train_state.pt").is_file() and (run / "best").is_dir()  # the new run's
-    assert main(["train", "--resume", str(copy)]) == 0  # the folder named: the same
-    assert "starting it over there" in capsys.readouterr().out and next(copy.glob("before-restart-*"))
+    assert main(["train", "--resume", str(copy)]) == 0  # the folder named: the same, as that run (its settings)
+    out = capsys.readouterr().out
+    assert "starting it over there" in out and next(copy.glob("before-restart-*"))
+    assert "the run starts over with its own settings" in out
+    restarted = yaml.safe_load((copy / "config.yaml").read_text())
+    assert restarted["epochs"] == 1 and restarted["model_args"]["depth"] == 1  # (not the digits recipe's 40 epochs)
 
 
 def test_u2_a_checkpoint_missing_one_of_its_two_objective_files_names_the_one_missing(tmp_path, capsys):

@@ -45,6 +45,12 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                 raise FileNotFoundError(f"--resume {resume}: no run there (no last/ checkpoint, no plan.json)")
             if resume != "auto":  # a run killed before its first checkpoint: it starts over in its folder
                 given.setdefault("output", str(run_dir))
+                if (run_dir / "config.yaml").is_file():  # ... as that run: its own settings, not the defaults (a
+                    # tiny run's folder named alone started the digits recipe's 40 epochs of another model there)
+                    saved = {k: v for k, v in safe_yaml(run_dir / "config.yaml").items()
+                             if k not in ("resume", "few_epochs")}
+                    say(f"--resume {resume}: no last/ checkpoint to continue; the run starts over with its own "
+                        f"settings ({run_dir / 'config.yaml'})")
             given.pop("resume", None), file_cfg.pop("resume", None)  # nothing to resume: a fresh run
         elif (run_dir / "config.yaml").is_file():
             other = given.get("output") or file_cfg.get("output")
@@ -58,7 +64,7 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
             given.setdefault("output", str(run_dir))
         else:
             raise FileNotFoundError(f"--resume {resume}: {run_dir / 'config.yaml'} not found")
-    if saved:
+    if saved and given.get("resume"):
         _check_same_model(saved, {**file_cfg, **given}, {**file_cfg.get("model_args", {}), **src.model_args},
                           given["resume"])
     recipe = None if saved else given.get("recipe") or file_cfg.get("recipe")
