@@ -63,12 +63,16 @@ def tiny_config(**kw):
 # end: those of the default run, then the long ones (-m long, which .ci/run runs after it). A new test of half a
 # minute or more goes on this list.
 LONG_FIRST = ("test_optimize_for_inference_with_compile_runs_and_agrees",
-              "test_real_browser_uploads_and_sees_prediction_and_overlay",
-              "test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_edition",
-              "test_a_downloaded_notebook_runs_top_to_bottom",
+              "test_a_time_limited_run_evaluates_less_often_when_evaluating_is_dear_and_says_so",
+              "test_hugging_face_hub_weights_load_as_transformers_loads_them",
+              "test_compiled_training_step_gives_the_eager_loss_and_gradients",
               "test_workers_are_capped_and_a_stop_that_cannot_end_its_step_exits_within_seconds",
               # -m long
               "test_the_readme_tour_runs_in_order",  # (~20 minutes on a 2-core AVX2 EPYC: first, beside the rest)
+              "test_real_browser_uploads_and_sees_prediction_and_overlay",
+              "test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_default",
+              "test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_edition",
+              "test_a_downloaded_notebook_runs_top_to_bottom",
               "test_tutorial_runs_and_shows_what_it_prints[fine-tune]",
               "test_tutorial_runs_and_shows_what_it_prints[train-in-minutes]",
               "test_tutorial_runs_and_shows_what_it_prints[backbone]",

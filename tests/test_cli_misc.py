@@ -154,6 +154,7 @@ def test_bench_does_not_time_the_bf16_ceiling_where_bf16_is_emulated(tmp_path, c
     assert ceiling["fp32"] == 50e9 and math.isnan(ceiling["bf16"])
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 def test_bench_times_onnxruntime_as_a_peer_and_vitkits_int8_export_beside_it():
     pytest.importorskip("onnxruntime")
     from vitkit.bench import inference

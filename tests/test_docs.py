@@ -229,6 +229,7 @@ def test_a_translated_page_runs_and_shows_the_code_of_its_english_page(page: Pat
     assert code[0] == code[1], f"{page.name} does not run the code of {english.name}"
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 def test_site_builds_strict_offline_with_notebooks_figures_and_the_korean_edition(tmp_path: Path) -> None:
     import json
 
@@ -369,6 +370,7 @@ def test_a_notebook_turns_exercises_into_answer_cells_and_links_to_the_site(tmp_
     assert "https://example.org/docs/ko/glossary/#patch" in "".join(c.source for c in ko.cells)
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 def test_a_downloaded_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
     """The notebook of page 1, away from the site, in a Jupyter kernel (nbclient): every cell runs, the reader's
     empty answer cell included, and its figures travel inside it."""

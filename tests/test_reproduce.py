@@ -42,6 +42,7 @@ def _check_files(out, n_runs):
     return rows
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 def test_data_size_quick_writes_csv_figure_summary_and_resumes(cifar_like, tmp_path, capsys):
     out = tmp_path / "ds"
     assert main(["reproduce", "data-size", "--quick", "--data-dir", str(cifar_like), "--out", str(out)]) == 0
@@ -114,6 +115,7 @@ def test_self_supervision_quick_pretrains_without_labels_and_fine_tunes_from_it(
     assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 def test_self_supervision_sets_the_recipes_hybrid_pre_trained_against_the_default(cifar_like, tmp_path, capsys):
     """Issue 66: the comparison a user faces. The default is `vitkit train` with nothing but the data, the share,
     the seed and the time; each seed pre-trains its own encoder (the recipe's hybrid), fine-tuned by --init alone."""

@@ -140,6 +140,7 @@ def _free_port() -> int:
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+@pytest.mark.long  # (17-43 s on a 2-core AVX2 EPYC: the default suite is kept under 10 minutes)
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (.ci/run installs it)")
 def test_real_browser_uploads_and_sees_prediction_and_overlay(tmp_path, bomb):
     sync_api = pytest.importorskip("playwright.sync_api")
