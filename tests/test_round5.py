@@ -325,3 +325,10 @@ def test_a_listing_longer_than_the_budget_is_refused_and_a_cached_decode_costs_n
     assert mode_within_budget("photos", "memory", False, 55.0, 5.0, lambda: 30.0, 50_000, said.append) == "memory"
     assert mode_within_budget("photos", "memory", True, 55.0, 5.0, lambda: 10.0, 50_000, said.append) == "memory"
     assert not said
+    # the listing is paid streamed too: a slow (cold) listing is not counted against the decode (CIFAR-10's 60,000
+    # JPEGs at 1 minute: ~10 s of decode beside a listing estimated at ~9 s were streamed)
+    assert mode_within_budget("cifar10", "memory", True, 54.0, 9.0, lambda: 10.0, 60_000, said.append) == "memory"
+    assert mode_within_budget("cifar10", "memory", True, 54.0, 9.0, lambda: 16.0, 60_000, said.append) == "stream"
+    assert said == ["cifar10: decoding 60,000 images into memory would take ~16 s of the ~45 s the --time-limit "
+                    "leaves after listing them (~9 s) (timed on a few): streamed from the files instead, each decoded "
+                    "as a step reads it (--data-mode memory to decode them anyway)"]
