@@ -115,6 +115,25 @@ def test_an_evaluation_waits_for_the_device_a_few_times_not_once_a_batch(tmp_pat
     assert m["top1"] == pytest.approx(100 * (logits.argmax(1) == t.data.val.labels).float().mean().item())
 
 
+def test_the_budgets_clock_is_read_after_the_device_has_run_the_steps(tmp_path, gpu, monkeypatch):
+    """Issue 80 N8: a GPU's steps are queued; the host's clock at a step's end is when it was queued. The budget's
+    pace is read at its mark and re-plans only, each after the device's queue is drained (a wait every few seconds,
+    not every step)."""
+    from vitkit.training.budget import TimeBudget
+
+    t = Trainer(gpu_config(tmp_path, time_limit=5.0, output=None), **QUIET)
+    synced, read = [], []
+    real_after = TimeBudget.after_step
+    t.first_step = t.step  # (as fit() sets it)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: synced.append(t.step))
+    monkeypatch.setattr(TimeBudget, "after_step", lambda self, step, elapsed, first=0: (
+        read.append(step) if self.measures_at(step, first) else None, real_after(self, step, elapsed, first))[1])
+    t.train_epoch()
+    assert t.step == t.steps_per_epoch and len(read) >= 2 and t.budget.sec_per_step is not None
+    if gpu is not None:
+        assert set(read) <= set(synced) and len(synced) <= len(read) + t.step // 8, (read, synced)
+
+
 def test_a_checkpoint_from_four_gpus_resumes_on_fewer(tmp_path):
     """A state whose CUDA RNG holds every visible GPU's (as vitkit wrote before, from a 4-GPU machine) resumes on a
     machine that sees one: this rank's own state is taken, not set_rng_state_all's IndexError."""

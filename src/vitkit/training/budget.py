@@ -116,16 +116,22 @@ class TimeBudget:
         total = max(step, min(max(self.planned_steps, self.max_steps or 0), step + affordable))
         return total, int(self.planned_warmup * total / self.planned_steps)
 
+    def measures_at(self, step: int, first_step: int = 0) -> bool:
+        """Whether ``after_step`` reads the clock at ``step`` (its mark or a re-plan): a GPU's queue is drained
+        first there, so that the pace is the device's and not how fast the host queued steps (issue 80, N8)."""
+        if self.mark is None:
+            return step in (first_step + WARM_STEPS, first_step + max(1, self.steps_per_epoch - 1))
+        return step >= self.next_check
+
     def after_step(self, step: int, elapsed: float, first_step: int = 0) -> tuple[int, int, int] | None:
         """After optimizer step ``step`` (this process started at ``first_step``): the pace is measured from the
         step ``WARM_STEPS`` after the start, the first plan made ``PROBE_STEP - WARM_STEPS`` steps later (sooner in a
         short epoch), and every re-plan after it about ``REPLAN_SHARE`` of the budget later."""
-        if self.mark is None:
-            if step == first_step + WARM_STEPS or step == first_step + max(1, self.steps_per_epoch - 1):
-                self.mark = (step, elapsed)
-                self.next_check = min(first_step + PROBE_STEP, max(step + 1, first_step + self.steps_per_epoch - 1))
+        if not self.measures_at(step, first_step):
             return None
-        if step < self.next_check:
+        if self.mark is None:
+            self.mark = (step, elapsed)
+            self.next_check = min(first_step + PROBE_STEP, max(step + 1, first_step + self.steps_per_epoch - 1))
             return None
         s0, e0 = self.mark
         self.sec_per_step = (elapsed - e0) / max(step - s0, 1)

@@ -519,6 +519,8 @@ class Trainer:
         if self._tune_t0 is not None:
             self._tune_after_step()
         if self.budget and self.tuner is None:  # (the pace is measured from the settings the run trains with)
+            if self.device.type == "cuda" and self.budget.measures_at(self.step, self.first_step):
+                torch.cuda.synchronize(self.device)  # the device's pace, not how fast the host queued the steps
             replan = self.budget.after_step(self.step, self.elapsed(), self.first_step)
             self._set_plan(replan)
             if replan is not None:
