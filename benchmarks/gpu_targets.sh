@@ -1,33 +1,38 @@
 #!/usr/bin/env bash
-# The GPU targets, measured on a lent GPU machine: what the machine is, the cuda-marked tests, `vitkit train
-# --dataset fashion-mnist --time-limit 3` and CIFAR-10 `--time-limit 5` with every setting auto, then the streamed
-# ViT-B/16 and ImageNet ViT-S/16 steps at 224 px against the same steps in memory (`vitkit train --estimate`). Each
-# part writes its results as it ends, so a call cut short keeps what it finished.
+# The GPU targets, measured on a lent GPU machine: what the machine is, the cuda-marked tests and CIFAR-10
+# `--time-limit 4` with every setting auto; then, in a second call, `vitkit train --dataset fashion-mnist
+# --time-limit 2` and the streamed ViT-B/16 and ImageNet ViT-S/16 steps at 224 px against the same steps in memory
+# (`vitkit train --estimate`). Each part runs under its own timeout (its budget) and writes its results as it ends, so a call
+# cut short keeps what it finished.
 #
 #   bash benchmarks/gpu_targets.sh --pack      here: .gpu/ with what the GPU machine lacks (49 MB; git-ignored)
+#   bash benchmarks/gpu_targets.sh --plan      the parts of each call, their budgets and each call's total
 #   bash benchmarks/gpu_targets.sh --dry-run   here, on the CPU: every part, at toy budgets (nothing measured)
-#   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests fashion-mnist cifar10 streamed ssl
+#   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests cifar10 fashion-mnist streamed ssl
 #
-# The two budgets alone are 8 minutes, so the device tool takes two calls (carry [".gpu"] in both), on one warm
-# machine; the runs first, since a lease's 15 minutes may not reach the end of the second call:
-#   1. bash benchmarks/gpu_targets.sh info cifar10 fashion-mnist     (timeout_s 560; ~8.5 min)
-#   2. bash benchmarks/gpu_targets.sh streamed tests                 (timeout_s: what is left; ~6 min)
-# An H200 took (2026-11-28, results/gpu/h200-2026-11-28): its start ~1 min; tests 63 s; Fashion-MNIST 180 s and
-# CIFAR-10 239 s at 4 minutes (planning inside the budget, loading ~15 s beside it); photos 17 s; the streamed
-# B/16's planning 62 s. FM_LIMIT=2 / C10_LIMIT=4 shorten the budgets where less is left.
+# A lease is 15 minutes of device time, a start (~1 min) and each call (at most 10) included. The default parts
+# make one call of ~8 minutes (`--plan`), the tests first (a cold compile's budget); the rest is a second call of
+# ~10, of a later lease where this one is spent (carry [".gpu"] in both):
+#   1. bash benchmarks/gpu_targets.sh                         (timeout_s: the plan's total + 30)
+#   2. bash benchmarks/gpu_targets.sh fashion-mnist streamed  (the second call --plan names)
+# An H200 took (2026-11-28, results/gpu/h200-2026-11-28): its start ~1 min; tests 63 s; Fashion-MNIST 180 s at 3
+# minutes and CIFAR-10 239 s at 4 (planning inside the budget, loading ~15 s beside it); photos 17 s; the streamed
+# B/16's planning 62 s. FM_LIMIT / C10_LIMIT (minutes) change the budgets.
 #
 # ssl (issue 66's GPU target, not in the default PARTS): self-supervised pre-training (SSL_METHOD: mae, or mpp) of
 # the CIFAR-10 recipe's hybrid for SSL_SHARE (0.4) of C10_LIMIT minutes on every image, then `vitkit train --init`
 # for the rest on SSL_FRACTION (1.0) of the labels: C10_LIMIT minutes in all, against the cifar10 part's default run
 # of the same minutes, in the same call on the same machine (with SSL_FRACTION below 1 the part runs the default on
 # that share itself, ssl-default). Both parts in one call at 4 minutes each (~9 min):
-#   C10_LIMIT=4 bash benchmarks/gpu_targets.sh info cifar10 ssl              (timeout_s 590)
+#   bash benchmarks/gpu_targets.sh info cifar10 ssl              (timeout_s 590)
 # (C10_LIMIT=3.5 where less is left.) C10_DATA: another folder of 32x32 RGB images in CIFAR-10's place (the dry run's
 # test gives real digits).
 #
 # .gpu/ holds the wheels the machine's image lacks (webdataset, braceexpand, torchinfo: its torch, torchvision and
 # the rest are there), Fashion-MNIST's four IDX files (30 MB) and CIFAR-10's JPEG folder as one tar.xz (18.5 MB:
 # the same files as ../shared/data/cifar10-jpg.zip, whose 61 MB with the tree would pass the 64 MiB a call carries).
+# The streamed part's photos (benchmarks/photo_shards.py) are ImageNet-like: 500x375 with grain, one in ten
+# progressive, one in twenty-five of 4 megapixels.
 # Results: $OUT/ (the device tool's folder; ./gpu-out here) gets summary.txt, log.txt and results.tar.gz (each run's
 # plan.json, metrics.jsonl, config.yaml and final line); commit them under results/gpu/<device>/.
 set -uo pipefail
@@ -38,14 +43,40 @@ PARTS=()
 for a in "$@"; do
   case "$a" in
     --pack) MODE=pack ;;
+    --plan) MODE=plan ;;
     --dry-run) DRY=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;  # the header, however long (as as_cpu_kind.sh)
     *) PARTS+=("$a") ;;
   esac
 done
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(info tests fashion-mnist cifar10 streamed)
+FIRST=(info tests cifar10)  # one call of the device tool (10 minutes at most): the plan's total
+SECOND=(fashion-mnist streamed)  # the next call
+[ ${#PARTS[@]} -eq 0 ] && PARTS=("${FIRST[@]}")
 SSL_METHOD=${SSL_METHOD:-mae}; SSL_SHARE=${SSL_SHARE:-0.4}; SSL_FRACTION=${SSL_FRACTION:-1.0}
+FM_LIMIT=${FM_LIMIT:-2}; C10_LIMIT=${C10_LIMIT:-4}
 PY=${PYTHON:-python3}
+
+budget() {  # a part's seconds on the GPU machine, its timeout: its --time-limit and what starts and ends its runs
+  case "$1" in  # (the H200: ~15-20 s of start-up and loading a run, the final evaluation and save ~10 s)
+    info) echo 15 ;;
+    tests) echo 180 ;;  # 63 s warm on the H200; a cold Inductor compile of the compiled-step tests adds ~60-90 s
+    fashion-mnist) awk "BEGIN { printf \"%d\", $FM_LIMIT * 60 + 40 }" ;;
+    cifar10) awk "BEGIN { printf \"%d\", $C10_LIMIT * 60 + 50 }" ;;
+    streamed) echo 360 ;;  # photos ~60 s (17 s on the H200 before grain and 4-MP ones); each --estimate ~120-150 s
+    ssl) awk "BEGIN { printf \"%d\", $C10_LIMIT * 60 * (1 + ($SSL_FRACTION < 1)) + 120 }" ;;
+    *) echo 0 ;;
+  esac
+}
+plan_call() {  # name, parts...: each part's budget and the call's total
+  local name=$1 total=0 b; shift
+  echo "$name: bash benchmarks/gpu_targets.sh $*"
+  for part in "$@"; do b=$(budget "$part"); total=$((total + b)); printf "  %-14s %4d s\n" "$part" "$b"; done
+  echo "  total: $(awk "BEGIN { printf \"%.1f\", $total / 60 }") min (device timeout_s $((total + 30)))"
+  [ $((total + 30)) -le 600 ] || echo "  (over the 600 s a device call may take: split it)"
+}
+if [ "${MODE:-}" = plan ]; then
+  plan_call "call 1" "${FIRST[@]}"; plan_call "call 2" "${SECOND[@]}"; exit 0
+fi
 
 if [ "${MODE:-}" = pack ]; then
   mkdir -p "$PACK/whl" "$PACK/fashion-mnist"
@@ -76,13 +107,13 @@ export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 VITKIT="$PY -m vitkit"
 if [ $DRY = 1 ]; then  # toy budgets and models: every command runs end to end in a minute or two on 2 cores
   FM_LIMIT=0.5; C10_LIMIT=1; PHOTOS=96; S16_COMPILE=false
+  SLOW=4  # the parts' timeouts, on 2 CPU cores: 4x the GPU machine's
   STEPS_ARGS="-b 8 --depth 1 --embed-dim 64 --num-heads 1 --precision fp32"
   FM_DATA=${FM_DATA:-/usr/share/datasets/fashion-mnist}
   # the ssl part's settings set (the planner's timings would take most of a minute's budget on 2 busy cores)
   SSL_ARGS="-b 16 --precision fp32 --compile false --attention exact --channels-last false --threads 1"
 else  # the streamed steps at set settings (bf16, SDPA, eager): timing every candidate would cost the call a minute
-  # the two budgets in minutes (FM_LIMIT / C10_LIMIT set: shorter, for a short lease)
-  FM_LIMIT=${FM_LIMIT:-3}; C10_LIMIT=${C10_LIMIT:-5}; PHOTOS=12000; S16_COMPILE=true
+  PHOTOS=12000; S16_COMPILE=true; SLOW=1
   STEPS_ARGS="-b 256 --precision bf16"
   FM_DATA=$PACK/fashion-mnist
   SSL_ARGS=""  # every setting the planner's
@@ -106,18 +137,24 @@ final_line() {  # the last part's "final:" line, to its folder (results.tar.gz) 
   local line; line=$(part_log | grep "^final:" | tail -1)
   mkdir -p "$RUNS/$1"; echo "${line:-no final line}" | tee "$RUNS/$1/final.txt" | sed "s/^/$1 /" | tee -a "$SUMMARY"
 }
-run_part() {  # name, command...: its output to the log, its last lines to the summary
-  local name=$1; shift
-  local t0=$SECONDS
+DEADLINE=0  # when the current part's budget ends (SECONDS): its runs share it
+start_part() {  # part: its budget starts now
+  DEADLINE=$((SECONDS + $(budget "$1") * SLOW))
+}
+run_part() {  # name, command...: under what is left of the part's budget, its output to the log, its last lines
+  local name=$1; shift  # to the summary (exit 124: the budget ran out, the run stopped; what it saved is kept)
+  local t0=$SECONDS left=$((DEADLINE - SECONDS))
+  [ $left -lt 5 ] && left=5
   PART_FROM=$(($(cat "$LOG" 2>/dev/null | wc -l) + 1))
-  echo "== $name: $*" >> "$LOG"
-  "$@" >> "$LOG" 2>&1
+  echo "== $name (at most $left s): $*" >> "$LOG"
+  timeout --signal=INT --kill-after=20 $left "$@" >> "$LOG" 2>&1
   local rc=$?
-  say "$name: exit $rc in $((SECONDS - t0)) s"
+  say "$name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo " (its budget, $left s, ran out)")"
   return $rc
 }
 
 for part in "${PARTS[@]}"; do
+  start_part "$part"
   case "$part" in
   info)
     { date -u; git rev-parse --short HEAD 2>/dev/null; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi";
@@ -130,7 +167,7 @@ for part in "${PARTS[@]}"; do
     files=$(grep -l "mark.cuda" tests/test_*.py | xargs)
     # every variable the tests read: where Fashion-MNIST is (the packed copy on the GPU machine)
     VITKIT_FASHION_MNIST="$(cd "$FM_DATA" 2>/dev/null && pwd || echo "$FM_DATA")" \
-      run_part tests timeout 90 $PY -m pytest -q -m cuda -p no:cacheprovider -n 0 --continue-on-collection-errors $files
+      run_part tests $PY -m pytest -q -m cuda -p no:cacheprovider -n 0 --continue-on-collection-errors $files
     tail -2 "$LOG" | tee -a "$SUMMARY" ;;
   fashion-mnist)
     run_part fashion-mnist $VITKIT train --dataset fashion-mnist --data-dir "$FM_DATA" --time-limit $FM_LIMIT \
@@ -169,6 +206,6 @@ for part in "${PARTS[@]}"; do
     run_part imagenet-s16 $VITKIT train --recipe imagenet-vit-s16 --data-dir "$WORK/photos" \
       --cache-dir "$WORK/cache" ${STEPS_ARGS/--compile false/--compile $S16_COMPILE} --estimate 1281167
     part_log | grep -A3 "^streamed step" | tail -4 | tee "$RUNS/imagenet-s16/estimate.txt" | tee -a "$SUMMARY" ;;
-  *) echo "unknown part $part (info tests fashion-mnist cifar10 streamed ssl)"; exit 2 ;;
+  *) echo "unknown part $part (info tests cifar10 fashion-mnist streamed ssl)"; exit 2 ;;
   esac
 done

@@ -3,11 +3,14 @@
 
     python benchmarks/photo_shards.py --images DIR_OR_ZIP --out DIR [--n 12000] [--size 500x375] [--quality 90]
 
-Each image is resized (bicubic) to --size, ImageNet's typical photo (its mean is about 400x350), and saved as a JPEG
-of --quality; --n of them go to imagenet1k-train-NNNN.tar (1,000 a shard) and a tenth as many to
-imagenet1k-validation-0000.tar, each sample a .jpg beside a .cls (its class index). Upscaled small images are
-smoother than photos, so their JPEGs are smaller (about 20 KB against ImageNet's 110) and decode somewhat faster
-at the same size: a streamed rate timed on them is an upper bound on ImageNet's. Not a test: it writes data.
+Each image is resized (bicubic) to --size, ImageNet's typical photo (its mean is about 400x350), given a film grain
+(--grain: Gaussian noise of that many gray levels), and saved as a JPEG of --quality; --n of them go to
+imagenet1k-train-NNNN.tar (1,000 a shard) and a tenth as many to imagenet1k-validation-0000.tar, each sample a .jpg
+beside a .cls (its class index). Upscaled small images are smoother than photos: without grain their JPEGs were
+about 20 KB against ImageNet's 110, and decoded faster, the decoder's best case. As in ImageNet, some are not the
+baseline JPEGs of one size: one in --progressive-every is progressive (decoded in several passes), one in
+--large-every has 4 megapixels (2304x1728, a phone's photo; up to 12 MB decoded before any crop). Not a test: it
+writes data.
 """
 import argparse
 import io
@@ -15,6 +18,7 @@ import os
 from multiprocessing import Pool
 from pathlib import Path
 
+import numpy as np
 import webdataset as wds
 from PIL import Image
 
@@ -27,17 +31,29 @@ p.add_argument("--n", type=int, default=12_000)
 p.add_argument("--size", default="500x375", help="WxH of every photo")
 p.add_argument("--quality", type=int, default=90)
 p.add_argument("--per-shard", type=int, default=1000)
+p.add_argument("--grain", type=float, default=6.0, help="noise of this many gray levels (0: none)")
+p.add_argument("--progressive-every", type=int, default=10, help="one photo in N a progressive JPEG (0: none)")
+p.add_argument("--large-every", type=int, default=25, help="one photo in N of 2304x1728 (0: none)")
 args = p.parse_args()
 W, H = (int(v) for v in args.size.split("x"))
+LARGE = (2304, 1728)
 src, classes, items = folder_items(args.images)
 train = items["train"]
 
 
+def every(n: int, i: int) -> bool:
+    return n > 0 and i % n == n - 1
+
+
 def photo(i: int) -> tuple[str, bytes, int]:
     name, label = train[i % len(train)]
-    img = Image.open(io.BytesIO(src.reader.read(name))).convert("RGB").resize((W, H), Image.BICUBIC)
+    size = LARGE if every(args.large_every, i) else (W, H)
+    img = Image.open(io.BytesIO(src.reader.read(name))).convert("RGB").resize(size, Image.BICUBIC)
+    if args.grain > 0:
+        noise = np.random.default_rng(i).normal(0, args.grain, (size[1], size[0], 3))
+        img = Image.fromarray(np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8))
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=args.quality)
+    img.save(buf, "JPEG", quality=args.quality, progressive=every(args.progressive_every, i))
     return f"n{i:08d}", buf.getvalue(), label
 
 
@@ -51,5 +67,6 @@ with Pool(os.cpu_count()) as pool:
                 sink.write({"__key__": key, "jpg": jpg, "cls": label})
 (out / "classes.txt").write_text("\n".join(classes) + "\n")
 size = sum(f.stat().st_size for f in out.glob("*.tar"))
-print(f"{out}: {args.n:,} train and {max(1, args.n // 10):,} validation photos of {W}x{H}, "
+print(f"{out}: {args.n:,} train and {max(1, args.n // 10):,} validation photos of {W}x{H} (1 in "
+      f"{args.progressive_every} progressive, 1 in {args.large_every} of {LARGE[0]}x{LARGE[1]}; 0: none), "
       f"{size / (args.n * 1.1) / 1e3:.0f} KB each on average")

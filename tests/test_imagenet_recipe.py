@@ -204,6 +204,24 @@ def test_the_gpu_script_runs_its_parts_end_to_end_on_the_cpu(tmp_path):
                 for f in ("final.txt", "plan.json", "metrics.jsonl")} <= names
 
 
+def test_the_gpu_scripts_calls_each_fit_a_device_call_with_the_tests_first():
+    """Issue 80: the default parts took ~15.5 minutes, over a 15-minute lease with its start, and over the 10 minutes
+    one device call may take; the tests' 90 s did not hold a cold compile. --plan says each call's parts and budgets
+    (each part's timeout), and every call fits."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_targets.sh"
+    out = subprocess.run(["bash", str(script), "--plan"], capture_output=True, text=True, check=True).stdout
+    calls = re.findall(r"^(call \d): bash benchmarks/gpu_targets.sh (.*)$", out, re.M)
+    assert [c[0] for c in calls] == ["call 1", "call 2"] and calls[0][1].split()[:2] == ["info", "tests"]
+    assert {p for _, parts in calls for p in parts.split()} >= {"tests", "cifar10", "fashion-mnist", "streamed"}
+    timeouts = [int(t) for t in re.findall(r"device timeout_s (\d+)", out)]
+    assert len(timeouts) == 2 and all(t <= 600 for t in timeouts) and "over the 600 s" not in out
+    assert int(re.search(r"^  tests +(\d+) s$", out, re.M).group(1)) >= 150  # a cold compile's budget
+
+
 def test_photo_crops_need_the_size_they_cut_to_before_any_file_is_read():
     from vitkit.training.build import run_crop
 
