@@ -140,8 +140,9 @@ def test_a_damaged_jpeg_is_named_or_skipped(tmp_path):
 
 
 def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
-    """The plan's auto on a GPU hands the JPEGs to the device (without a timing: --workers given); the decode is
-    called with the GPU (played here: decoded on the CPU and moved, as decode_jpeg(device="cuda") returns)."""
+    """--decode device on a GPU hands the JPEGs to the device; the decode is called with the GPU (played here:
+    decoded on the CPU and moved, as decode_jpeg(device="cuda") returns). Untimed (--workers given), auto keeps
+    the workers: no GPU has run the device's decode yet (issue 80, N3)."""
     import torchvision.io
 
     from device_shim import played_gpu
@@ -160,7 +161,11 @@ def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
                       model_args={"img_size": 32}, cache_dir=str(tmp_path / "c"), threads=1, precision="fp32",
                       compile=False, attention="sdpa", channels_last=False, device="cuda", gpu_batch=False)
     with played_gpu():
-        t = Trainer(cfg, log=lambda s: None, progress=False)
+        said = []
+        untimed = Trainer(cfg, log=said.append, progress=False)
+        assert untimed.cfg.decode == "workers" and not untimed.data.train.device_decode
+        assert any("--decode device to use it" in s for s in said)
+        t = Trainer(TrainConfig.from_dict({**cfg.to_dict(), "decode": "device"}), log=lambda s: None, progress=False)
         assert t.cfg.decode == "device" and t.data.train.device_decode
         r = t.fit()
     assert r.epochs == 1 and asked.count("cuda") >= 2  # (the mean and std are read on the CPU, before training)

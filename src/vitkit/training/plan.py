@@ -556,15 +556,16 @@ def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p:
 
 
 def _decide_decode(cfg: TrainConfig, device: torch.device, p: Plan) -> TrainConfig:
-    """Where a streamed run's JPEGs are decoded, where the timing above did not decide it: a CPU's workers (its own
-    cores train the step: decoding in the training process would take them); on a GPU, the GPU (nvJPEG's batched
-    decode runs at thousands of photos a second by NVIDIA's and torchvision's published figures, beyond a host's
-    cores; not timed here, where the budget left no time for it)."""
+    """Where a streamed run's JPEGs are decoded, where the timing above did not decide it (``--workers`` given, or a
+    budget too short to time it): the workers. On a CPU its own cores train the step; on a GPU the device's decode
+    is a path no GPU has run yet for vitkit (issue 80: nothing auto takes untimed that has no measurement in
+    results/gpu/): ``--decode device`` asks for it."""
     if cfg.decode == "auto":
-        on_gpu = device.type == "cuda" and not cfg.naflex
-        p.notes.append("decode: " + ("on the GPU (nvJPEG; by the published figures, not timed in this budget)"
-                                     if on_gpu else "by the workers (the training process's cores train)"))
-        cfg = TrainConfig.from_dict({**cfg.to_dict(), "decode": "device" if on_gpu else "workers"})
+        p.notes.append("decode: by the workers " + ("(decoding on the GPU is not timed in this run, and no GPU has "
+                                                     "measured it yet: --decode device to use it)"
+                                                     if device.type == "cuda" and not cfg.naflex else
+                                                     "(the training process's cores train)"))
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "decode": "workers"})
     p.chosen["decode"] = cfg.decode
     return cfg
 
