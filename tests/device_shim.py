@@ -142,6 +142,12 @@ class _Looks(TorchFunctionMode):
             shim.counts["device_reads"] += 1
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._move(func, args, kwargs)
+        if isinstance(kwargs.get("generator"), _PlayedGenerator) and not (
+                _is_cuda(kwargs.get("device")) or any(shim.on(t) for t in _tensors(args))):
+            # a GPU's generator draws GPU tensors only: torch.rand(n, generator=gpu_gen) without device= raises on
+            # CUDA (issue 80, T4); played, the generator is a CPU one and the draw worked
+            raise RuntimeError("Expected a 'cpu' device type for generator but found 'cuda' (played GPU: "
+                               f"{getattr(func, '__name__', func)} with the GPU's generator draws on the CPU)")
         if isinstance(func, BUILTINS) and any(shim.on(t) for t in _tensors(args) + _tensors(kwargs)):
             # a C++ function allocates from its inputs' options, so on a GPU its scratch tensors are the GPU's
             # (F.one_hot: zeros, then scatter_ of the labels): here they would be the CPU's, and the mix refused.

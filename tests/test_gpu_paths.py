@@ -58,6 +58,13 @@ def test_the_played_gpu_refuses_what_cuda_refuses():
         assert gpu.counts["host_to_device"] == 1 and gpu.counts["device_to_host"] == 1
         with pytest.raises(IndexError):
             torch.cuda.set_rng_state_all([torch.cuda.get_rng_state()] * 4)  # states of 4 GPUs, 1 visible
+        g = torch.Generator(device="cuda")  # a GPU's generator draws GPU tensors only (issue 80, T4)
+        with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
+            torch.rand(3, generator=g)
+        with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
+            torch.ones(3).bernoulli_(0.5, generator=g)
+        assert torch.rand(3, generator=g, device="cuda").device.type == "cuda"
+        assert x.bernoulli(0.5, generator=g).device.type == "cuda"
 
 
 def test_a_run_on_a_gpu_saves_resumes_and_evaluates(tmp_path, gpu):
