@@ -356,3 +356,14 @@ def test_d2_a_step_too_long_for_the_budget_is_refused_before_it_runs_and_a_long_
                            in_run=True)
     assert any("a step or more, foreseen from its FLOPs at this CPU's matmul rate (1 GFLOP/s)" in s for s in said)
     assert cpu_mod.fp32_matmul_flops() > 0
+
+
+def test_max_epochs_below_the_recipes_epochs_caps_them_and_below_the_users_is_refused(tmp_path, capsys):
+    """--max-epochs 1 on digits' 40 epochs was silently not used (a 5-minute budget trained 21 epochs); now the
+    recipe's epochs are capped there, said; below --epochs given too, it is one line."""
+    assert main(["train", "--max-epochs", "1", *TINY, "--output", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "epochs: the recipe's 40 capped at --max-epochs 1" in out and "epochs=1 " in out.splitlines()[-1]
+    code = main(["train", "--epochs", "3", "--max-epochs", "1", *TINY, "--output", str(tmp_path / "b")])
+    _one_line(capsys, code, "--max-epochs 1 is below --epochs 3")
+    assert not (tmp_path / "b").exists()

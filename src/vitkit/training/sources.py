@@ -156,11 +156,26 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
     if merged.get("tiers") and "tiers" not in given and "tiers" not in file_cfg:
         merged["tiers"] = _without_users_keys(merged["tiers"], {**file_cfg, **given},
                                               {**file_cfg.get("model_args", {}), **src.model_args})
+    _epochs_within_max(merged, {**file_cfg, **given}, say)
     if init and not saved and data is not None:
         n_train = len(data.with_train_fraction(merged.get("train_fraction", 1.0),
                                                   holdout=merged.get("holdout", 0.0)).train)  # what the run trains on
         _fit_accumulation(merged, n_train, "grad_accum" in given or "grad_accum" in file_cfg, say)
     return TrainConfig.from_dict(merged, source="train config"), data, name
+
+
+def _epochs_within_max(merged: dict[str, Any], users: dict[str, Any], say: Callable[[str], None]) -> None:
+    """``max_epochs`` below ``epochs``: the recipe's epochs are capped there, and said (``--max-epochs 1`` on digits'
+    40 epochs was silently not used, and the run trained 21 epochs); with both given by the user, refused."""
+    top, epochs = merged.get("max_epochs"), merged.get("epochs")
+    if top is None or epochs is None or top >= epochs or not isinstance(top, int) or isinstance(top, bool):
+        return
+    if "epochs" in users:
+        raise ValueError(f"--max-epochs {top} is below --epochs {epochs}: max_epochs is the most a --time-limit may "
+                         "grow the schedule to; give --epochs N alone to train N epochs")
+    warmup = merged.get("warmup_epochs") or 0
+    merged.update(epochs=top, warmup_epochs=warmup * top / epochs)
+    say(f"epochs: the recipe's {epochs} capped at --max-epochs {top} (its warmup in proportion)")
 
 
 SELF_SUPERVISED_LAYER_DECAY = 0.75  # MAE's fine-tuning takes 0.65-0.75 (its code: 0.65 for ViT-B, 0.75 for ViT-L
