@@ -529,21 +529,21 @@ def flops_per_image(c: ViTConfig) -> float:
     figures and the planner's first estimate of a step."""
     gh, gw = c.grid_size  # (a hybrid's patches are cut from the CNN's map: the CIFAR-10 recipe's 8x8, not 32x32)
     n, t, d = gh * gw, gh * gw + c.num_prefix_tokens, c.embed_dim
-    chans = c.in_chans if not c.hybrid else cnn_stem(c.hybrid, c.in_chans)[1]
+    stem, chans = _stem_flops(c.hybrid, c.in_chans, to_2tuple(c.img_size)) if c.hybrid else (0.0, c.in_chans)
     patch = n * d * chans * math.prod(to_2tuple(c.patch_size))
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * int(d * c.mlp_ratio)
-    stem = _stem_flops(c.hybrid, c.in_chans, to_2tuple(c.img_size)) if c.hybrid else 0.0
     return 2.0 * (patch + c.depth * per_block + d * c.num_classes * (1 + c.dist_token)) + stem
 
 
 @functools.lru_cache(maxsize=32)
-def _stem_flops(spec: str, in_chans: int, img_size: tuple[int, int]) -> float:
-    """FLOPs of a hybrid's CNN for one image, counted by PyTorch's FlopCounterMode on the meta device (no memory)."""
+def _stem_flops(spec: str, in_chans: int, img_size: tuple[int, int]) -> tuple[float, int]:
+    """FLOPs of a hybrid's CNN for one image, counted by PyTorch's FlopCounterMode on the meta device (no memory,
+    no weights initialised), and the channels of the map it hands the patch embedding."""
     from torch.utils.flop_counter import FlopCounterMode  # (only for a hybrid)
 
     with torch.device("meta"):
-        stem = cnn_stem(spec, in_chans)[0].eval()
+        stem, chans, _ = cnn_stem(spec, in_chans)
         x = torch.empty(1, in_chans, *img_size)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        stem(x)
-    return float(counter.get_total_flops())
+        stem.eval()(x)
+    return float(counter.get_total_flops()), chans

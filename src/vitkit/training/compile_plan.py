@@ -117,8 +117,7 @@ def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], d
         return False, "compile: off (the compiled step could not be timed here)"
 
     def cost(mode: bool | str) -> float:  # each mode's own compile: CUDA graphs' capture comes on top of Inductor's
-        return known.extra.get(f"compile_s_{mode}", known.extra["compile_s"]) if mode is not True \
-            else known.extra["compile_s"]
+        return known.extra.get(f"compile_s_{mode}", known.extra["compile_s"])  # (the default mode: compile_s)
 
     # the default mode, or CUDA graphs where they save more than their own compile costs (issue 80, N6)
     mode, compiled = max(timed, key=lambda mt: (eager - mt[1]) * (run_s / eager) - cost(mt[0]))

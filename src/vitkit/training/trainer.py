@@ -538,12 +538,9 @@ class Trainer:
         if n == 0:
             return
         part = self.data.val.subset(torch.arange(n))
-        module = self.ema.module if self.ema is not None else self.module
-        precision = self.precision if self.precision == "bf16" else "fp32"
         for _ in range(2):  # (the first call builds the evaluation's kernels at its batch; the second is timed)
             t = time.time()
-            self.objective.evaluate(module, part, self.model.config.num_classes, self.device, n, precision, self.rank,
-                                    self.world)
+            self.evaluate(part, n)
         self.budget.eval_s = (time.time() - t) * len(self.data.val) / n
         self.budget.eval_pace = self.budget.sec_per_step
         self._set_plan((*self.budget.plan(self.step, self.elapsed(), self.budget.sec_per_step, self.budget.eval_guess),
@@ -582,14 +579,16 @@ class Trainer:
         draw(raw, seen, filled, self.out / "recon" / f"epoch-{self.epoch:03d}.png",
              f"{self.cfg.objective}, epoch {self.epoch}: loss {loss:.4f} on these images\n{how_filled(module)}")
 
-    def evaluate(self) -> dict[str, Any]:
-        return self.evaluate_model(self.ema.module if self.ema is not None else self.module)
+    def evaluate(self, split: Any = None, batch_size: int | None = None) -> dict[str, Any]:
+        return self.evaluate_model(self.ema.module if self.ema is not None else self.module, split, batch_size)
 
-    def evaluate_model(self, model: nn.Module) -> dict[str, Any]:
-        """``model`` on the validation split, as the run evaluates its own (batch, precision, ranks)."""
-        return self.objective.evaluate(model, self.data.val, self.model.config.num_classes, self.device,
-                                       self.cfg.eval_batch_size, self.precision if self.precision == "bf16" else
-                                       "fp32", self.rank, self.world)
+    def evaluate_model(self, model: nn.Module, split: Any = None, batch_size: int | None = None) -> dict[str, Any]:
+        """``model`` on the validation split (or ``split``), as the run evaluates its own (batch, precision,
+        ranks)."""
+        return self.objective.evaluate(model, self.data.val if split is None else split,
+                                       self.model.config.num_classes, self.device,
+                                       batch_size or self.cfg.eval_batch_size,
+                                       self.precision if self.precision == "bf16" else "fp32", self.rank, self.world)
 
     def _announce(self) -> None:
         cfg = self.cfg
