@@ -367,3 +367,5 @@ def test_max_epochs_below_the_recipes_epochs_caps_them_and_below_the_users_is_re
     code = main(["train", "--epochs", "3", "--max-epochs", "1", *TINY, "--output", str(tmp_path / "b")])
     _one_line(capsys, code, "--max-epochs 1 is below --epochs 3")
     assert not (tmp_path / "b").exists()
+    _one_line(capsys, main(["train", "--max-epochs", "0", "--output", str(tmp_path / "c")]),
+              "max_epochs must be at least 1, got 0")  # (named as itself, not as the epochs it would cap)

@@ -168,8 +168,8 @@ def _epochs_within_max(merged: dict[str, Any], users: dict[str, Any], say: Calla
     """``max_epochs`` below ``epochs``: the recipe's epochs are capped there, and said (``--max-epochs 1`` on digits'
     40 epochs was silently not used, and the run trained 21 epochs); with both given by the user, refused."""
     top, epochs = merged.get("max_epochs"), merged.get("epochs")
-    if top is None or epochs is None or top >= epochs or not isinstance(top, int) or isinstance(top, bool):
-        return
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1 or epochs is None or top >= epochs:
+        return  # (a max_epochs that is no count at all is the config's check to name)
     if "epochs" in users:
         raise ValueError(f"--max-epochs {top} is below --epochs {epochs}: max_epochs is the most a --time-limit may "
                          "grow the schedule to; give --epochs N alone to train N epochs")
