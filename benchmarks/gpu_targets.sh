@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_targets.sh [PART ...]  on the GPU machine; PART: info tests cifar10 fashion-mnist streamed ssl
 #
 # A lease is 15 minutes of device time, a start (~1 min) and each call (at most 10) included. The default parts
-# make one call of ~6 minutes (`--plan`: budgets, each part's timeout), the tests first (a cold compile's budget);
+# make one call of ~8 minutes of budgets (`--plan`: each part's timeout; ~6 used on the H200), the tests first (a cold compile's budget);
 # the streamed steps a second call on the same lease, Fashion-MNIST a third on a later one (carry [".gpu"] in each):
 #   1. bash benchmarks/gpu_targets.sh            (timeout_s: the plan's total + 30)
 #   2. bash benchmarks/gpu_targets.sh streamed   (timeout_s: what the lease has left less 30 s)
