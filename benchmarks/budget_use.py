@@ -4,7 +4,7 @@ trained and what they reached, on real data, on a quiet machine and beside a bus
 Each run is ``vitkit train --time-limit N`` in a fresh process with an empty cache (as a first run is), the data
 named below; the neighbour is ``python3 -c 'while 1: pass'`` at normal priority, started before the run (``busy``)
 or at its middle (``busy-mid``), or another PyTorch job (a matmul loop on every core) at ``nice -n 19`` started
-before it (``nice19``), ended after it. Rows go to ``results/budget-use.csv`` with the CPU kind::
+before it (``nice19``), or both (``shared``), ended after it. Rows go to ``results/budget-use.csv`` with the CPU kind::
 
     python benchmarks/budget_use.py                        # every dataset, 1 and 5 minutes, quiet and busy
     python benchmarks/budget_use.py --only cifar10 --budgets 5 --loads quiet busy
@@ -58,6 +58,9 @@ def datasets(tmp: Path) -> dict[str, list[str]]:
 NEIGHBOURS = {"busy": [sys.executable, "-c", "while 1: pass"],
               "nice19": ["nice", "-n", "19", sys.executable, "-c",
                          "import torch\na = torch.randn(1024, 1024)\nwhile 1: a @ a"]}
+# the neighbours each load starts before the run (busy-mid: the busy loop at the run's middle); shared: both, as a
+# user's machine is (a browser's busy core and another job)
+SHARED_BY = {"busy": ["busy"], "nice19": ["nice19"], "shared": ["busy", "nice19"]}
 
 
 def run(args: list[str], minutes: float, load: str, tmp: Path) -> dict:
@@ -66,8 +69,8 @@ def run(args: list[str], minutes: float, load: str, tmp: Path) -> dict:
     env = {**os.environ, "VITKIT_CACHE_DIR": cache}
     env.pop("OMP_NUM_THREADS", None)
     cmd = [sys.executable, "-m", "vitkit", "train", *args, "--time-limit", f"{minutes:g}", "--output", out]
-    busy = subprocess.Popen(NEIGHBOURS[load]) if load in NEIGHBOURS else None
-    if load == "nice19":
+    busy = [subprocess.Popen(NEIGHBOURS[n]) for n in SHARED_BY.get(load, [])]
+    if "nice19" in SHARED_BY.get(load, []):
         time.sleep(2)  # (its torch import: the run starts beside a job already computing)
     t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -75,12 +78,12 @@ def run(args: list[str], minutes: float, load: str, tmp: Path) -> dict:
         try:
             p.wait(timeout=minutes * 30)
         except subprocess.TimeoutExpired:
-            busy = subprocess.Popen(NEIGHBOURS["busy"])
+            busy = [subprocess.Popen(NEIGHBOURS["busy"])]
     printed, _ = p.communicate()
     wall = time.time() - t0
-    if busy is not None:
-        busy.kill()
-        busy.wait()
+    for b in busy:
+        b.kill()
+        b.wait()
     final = next((line for line in reversed(printed.splitlines()) if line.startswith("final:")), "")
     fields = dict(kv.split("=", 1) for kv in final.split()[1:]) if final else {}
     plan = json.loads((Path(out) / "plan.json").read_text()) if (Path(out) / "plan.json").is_file() else {}
@@ -96,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="datasets (default: all of them)")
     ap.add_argument("--budgets", nargs="*", type=float, default=[1.0, 5.0], help="minutes")
-    ap.add_argument("--loads", nargs="*", default=["quiet", "busy"], choices=["quiet", "busy", "busy-mid", "nice19"])
+    ap.add_argument("--loads", nargs="*", default=["quiet", "busy"], choices=["quiet", "busy", "busy-mid", "nice19",
+                                                                                 "shared"])
     ap.add_argument("--csv", type=csv_arg, default=str(ROOT / "results" / "budget-use.csv"))
     ap.add_argument("--note", default="", help="a word on the rows (what differs from the usual)")
     a = ap.parse_args()
