@@ -67,6 +67,18 @@ def test_a_near_tie_keeps_the_held_setting_and_a_clear_win_takes_the_other():
         replay(tuner, lambda s: 0.200 * (other if not s["channels_last"] else 1.0))
         assert tuner.chosen["channels_last"] is kept, other
     assert tune_mod.TIE == pytest.approx(1.03)
+    # noisy steps (a busy neighbour): 5% faster at the median, but the steps overlap: not clearly faster
+    held, other = [0.200, 0.204, 0.198], [0.190, 0.210, 0.185]
+    assert not tune_mod._clearly_faster(other, held) and tune_mod._clearly_faster([0.19, 0.19, 0.19], held)
+    tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": True, "threads": 1},
+                      {"channels_last": [True, False]})
+    times = {True: iter([0.25, 0.200, 0.200, 0.204, 0.198] + [0.2] * 9),  # each: its warm-up, then its steps
+             False: iter([0.25, 0.185, 0.180, 0.205] + [0.19] * 10)}
+    while (s := tuner.next()) is not None:
+        tuner.record(next(times[s["channels_last"]]))
+    # its pace, 180/205 ms (the first step left out): 192.5 ms, more than 3% under the held 200/204 ms; its 205 ms
+    # is slower than them all
+    assert tuner.chosen["channels_last"] is True and tuner.phases[0].candidates[1].samples == [0.185, 0.180, 0.205]
 
 
 def test_a_busy_core_is_seen_on_the_runs_own_steps_and_one_thread_is_taken():
