@@ -249,8 +249,10 @@ def test_a_real_calibration_here_is_quick_and_its_plan_is_saved_as_logged(tmp_pa
     # bf16 where its matmuls keep up with fp32's on this CPU; no stem: no layout to time
     assert {t["settings"]["precision"] for t in timings} == set(cpu_mod.cpu_precisions()[0])
     assert {t["settings"]["channels_last"] for t in timings} == {False}
-    best = min((t for t in timings if t["seconds"]), key=lambda t: t["seconds"])
-    assert best["settings"] == {k: chosen[k] for k in ("precision", "attention", "channels_last")}
+    # the fastest, or the value held into its timing where none was clearly faster (tune._clearly_faster)
+    picked = {k: chosen[k] for k in ("precision", "attention", "channels_last")}
+    best = min(t["seconds"] for t in timings if t["seconds"])
+    assert tuned["chosen"] == picked and next(t["seconds"] for t in timings if t["settings"] == picked) < 1.5 * best
     import yaml
 
     cfg = yaml.safe_load((out / "config.yaml").read_text())  # the run folder says what ran
