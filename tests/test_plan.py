@@ -242,6 +242,7 @@ def test_a_real_calibration_here_is_quick_and_its_plan_is_saved_as_logged(tmp_pa
     saved = json.loads((out / "plan.json").read_text())
     first, tuned = saved["calibrations"][0], saved["calibrations"][-1]
     assert "one step" in first["what"] and len(first["timings"]) == 1 and first["seconds_spent"] < 15
+    assert saved["seconds"] <= saved["ended_s"] < 60  # the plan's end, from the run's start (loading before it)
     assert "timed on the run's first steps" in tuned["what"] and "decided while training:" in said
     chosen = saved["chosen"]
     assert f"chosen: precision {chosen['precision']}, compile False, attention {chosen['attention']}" in said

@@ -80,6 +80,10 @@ class Plan:
     tuning: dict[str, Any] | None = None
     tuned: dict[str, Any] | None = None  # what deciding them took: steps, seconds, seconds beyond the chosen pace
     first_step_s: float | None = None  # seconds from the run's start to its first training step (the trainer's)
+    # seconds from the run's start to the plan's end (with ``seconds``: what came before it, the data's loading; with
+    # ``first_step_s``: what came after, the model's build and the evaluation's timing; an H200's CIFAR-10 run took
+    # ~13 s there that its log did not explain)
+    ended_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -152,7 +156,7 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         p.notes.append(threads_note)
     p.chosen["threads"] = torch.get_num_threads()
     release_free_memory()  # what the planner's steps left in the heap, before the run's own
-    p.seconds = time.time() - start
+    p.seconds, p.ended_s = time.time() - start, round(time.time() - start_time, 2)
     if rank == 0:
         for line in p.lines():
             log(line)
