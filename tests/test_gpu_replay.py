@@ -266,6 +266,9 @@ def test_a_regularising_tier_is_kept_where_its_own_step_buys_its_bound(monkeypat
     the tier was dropped for the unregularised recipe because 98 < the recipe's 100. An upward tier needs its own
     bound of epochs on its own step (and no more than the recipe's schedule)."""
     monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
+    # the seconds a plan sees left of the budget, fixed: each plan's own (real) time came off its budget, and a first
+    # plan slowed by a loaded machine (a CI's) left the third one's tier ~15 s more to buy its 20 epochs with
+    monkeypatch.setattr(plan_mod, "budget_left", lambda minutes, start_time: 50.0)
     tier_s = {"s": 0.013}
     monkeypatch.setattr(cal_mod, "time_candidates", lambda what, cands, make, **kw: Calibration(
         what, [Timing(c, tier_s["s"] if "the tier's model" in what else 0.01, 3) for c in cands]))
