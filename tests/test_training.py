@@ -226,7 +226,7 @@ def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(eval_
 
 
 def test_time_budget_measures_from_step_5_plans_at_15_and_guesses_the_evaluation():
-    budget = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=500, images_per_step=64, val_images=640)
+    budget = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=10, images_per_step=64, val_images=640)
     assert budget.after_step(4, 10.0) is None and budget.after_step(5, 30.0) is None  # compiling until step 5
     assert budget.after_step(6, 30.05) is None
     total, _, next_check = budget.after_step(15, 30.5)  # 0.05 s a step = 1280 img/s; evaluation at 3x: 640/3840 s
@@ -240,6 +240,11 @@ def test_time_budget_measures_from_step_5_plans_at_15_and_guesses_the_evaluation
     budget.evaluated(0.5)
     total, _, _ = budget.after_step(next_check, 30.5 + (next_check - 15) * 0.1)  # twice as slow since
     assert budget.sec_per_step == pytest.approx(0.1) and budget.eval_guess == pytest.approx(1.0)  # and so is eval
+    warming = TimeBudget(10.0, 100, 1, planned_steps=10_000, planned_warmup=500, images_per_step=64,
+                         val_images=640)
+    warming.after_step(5, 30.0)
+    total, warmup, next_check = warming.after_step(15, 30.5)
+    assert warmup == int(500 * total / 10_000) > 15 and next_check == 20  # a warmup under way: re-planned every 5
 
 
 def test_time_limit_spaces_evaluations_that_would_take_more_than_a_twentieth_of_the_training():
@@ -319,6 +324,74 @@ def test_the_budget_holds_when_the_machine_slows_down_or_speeds_up_mid_epoch(tmp
     assert 0.90 * 180 <= r.elapsed_s <= 1.05 * 180, r.elapsed_s
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["lr"] < 1e-4 and "val_top1" in rows[-1]  # the cosine ended, and the last row was evaluated
+
+
+class _SlowStartClock(_Clock):
+    """A compiled GPU run's start: its first steps (to ``slow_until``) take ``slow_s``, then ``step_s`` each."""
+
+    def __init__(self, step_s, eval_s, slow_s, slow_until):
+        super().__init__(step_s, eval_s)
+        self.first_s, self.slow_until, self.steps = slow_s, slow_until, 0
+
+    def install(self, monkeypatch, trainer):
+        super().install(monkeypatch, trainer)
+        steady = trainer._optimizer_step
+
+        def step():
+            self.steps += 1
+            if self.steps <= self.slow_until:
+                self.now += self.first_s - self.step_s
+            steady()
+        monkeypatch.setattr(trainer, "_optimizer_step", step)
+
+
+def test_a_slow_start_does_not_cut_the_warmup_for_good(tmp_path, monkeypatch):
+    """An H200's compiled Fashion-MNIST run took its steps 5-13 at 2.3x its steady pace; the first plan, made from
+    them, cut the warmup from 52 steps to 24 for good. By hand here: digits at batch 64, 22 steps an epoch of 0.5 s
+    (1.25 s to step 14), 57.4 usable seconds: the first plan (step 15, 18.75 s in) affords ~32 more steps of its
+    1.2 s, ~47 of the recipe's 110 (5 epochs) and 9 of its 22 of warmup; the steady pace affords ~90, and 18."""
+    import vitkit.training.plan as plan_module
+    import vitkit.training.trainer as trainer_module
+    clock = _SlowStartClock(step_s=0.5, eval_s=0.1, slow_s=1.25, slow_until=14)
+    monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(plan_module, "time", clock)
+    t = Trainer(_cfg(epochs=5, warmup_epochs=1, time_limit=1.0, output=str(tmp_path), min_lr=1e-6), log=_quiet,
+                progress=False)
+    clock.install(monkeypatch, t)
+    assert t.steps_per_epoch == 22 and t.warmup_steps == 22
+    r = t.fit()
+    assert 16 <= t.warmup_steps <= 22, t.warmup_steps  # the steady pace's plan, not the slow steps' 9
+    assert 80 <= r.steps <= 95, r.steps
+
+
+@pytest.mark.parametrize("save_s, written", [(0.01, "every epoch"), (1.0, "first, after 50 s, and last")])
+def test_last_is_written_as_often_as_a_fiftieth_of_the_training_allows(tmp_path, monkeypatch, save_s, written):
+    """last/ at an epoch's end once the training since the last write took 50 times that write (an H200's 0.27-s
+    Fashion-MNIST epochs spent 40% of their time writing it every epoch), and always at the run's end. By hand: 11
+    steps of 1 s (11 s) an epoch at batch 128. A write of 0.01 s: every epoch (3). A write of 1 s, 8 epochs: the
+    first epoch's (ended at 11 + 1 = 12 s), then once 50 s passed since (epoch 6's end: 6 x 11 + 1 = 67 >= 62), then
+    epoch 8's."""
+    import vitkit.training.plan as plan_module
+    import vitkit.training.trainer as trainer_module
+    clock = _Clock(step_s=1.0, eval_s=0.0)
+    monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(plan_module, "time", clock)
+    written_at, epochs = [], 3 if save_s < 0.1 else 8
+
+    def slow_save(out, name, *a, **k):
+        if name == "last":
+            clock.now += save_s
+            written_at.append(t.epoch)
+        return save_checkpoint(out, name, *a, **k)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", slow_save)
+    t = Trainer(_cfg(epochs=epochs, batch_size=128, output=str(tmp_path), eval_every=100), log=_quiet,
+                progress=False)
+    clock.install(monkeypatch, t)
+    r = t.fit()
+    assert r.epochs == epochs and t.steps_per_epoch == 11
+    assert written_at == ([1, 2, 3] if save_s < 0.1 else [1, 6, 8]), written_at
+    state = torch.load(tmp_path / "last" / "train_state.pt", weights_only=True)
+    assert state["step"] == epochs * t.steps_per_epoch  # the run's end, whatever the gap
 
 
 def test_run_log_writes_config_metrics_tensorboard_and_curves(tmp_path):

@@ -75,7 +75,7 @@ class TimeBudget:
     sec_per_step: float | None = None  # the pace of the last window
     eval_s: float | None = None  # seconds the last evaluation took ...
     eval_pace: float | None = None  # ... at this pace of training (an evaluation slows with the machine)
-    save_s: float = 0.0  # seconds the last epoch end spent saving last/
+    save_s: float = 0.0  # seconds an epoch end spends writing last/ (the writes spread over the epochs they cover)
     # the most steps a re-plan may grow the schedule to (the recipe's max_epochs): a run faster than planned (a
     # compiled step, a planner's estimate from an eager one) spends its budget rather than ending early; None: the
     # planned schedule is the most
@@ -139,6 +139,8 @@ class TimeBudget:
         every = max(REPLAN_MIN_S, REPLAN_SHARE * self.minutes * 60)
         self.mark = (step, elapsed)
         self.next_check = step + max(1, round(every / max(self.sec_per_step, 1e-6)))
+        if step < warmup:  # the warmup is still under way and follows the plans: re-plan every few steps while it
+            self.next_check = min(self.next_check, step + WARM_STEPS)  # lasts, on a pace past the first steps'
         return total, warmup, self.next_check
 
     def evaluated(self, seconds: float) -> None:
@@ -149,9 +151,9 @@ class TimeBudget:
         self.eval_pace = self.sec_per_step
 
     def after_epoch_end(self, step: int, elapsed: float, save_s: float) -> tuple[int, int, int] | None:
-        """An epoch ended at ``step``, its evaluation and save done by ``elapsed`` (the save took ``save_s``): the
-        pace is measured again from here (the evaluation is counted on its own), and the plan is made again with
-        what the evaluation and the save really took."""
+        """An epoch ended at ``step``, its evaluation and save done by ``elapsed`` (an epoch's share of the writes of
+        last/: ``save_s``): the pace is measured again from here (the evaluation is counted on its own), and the plan
+        is made again with what the evaluation and the saves really take."""
         self.save_s = save_s
         if self.mark is None or self.sec_per_step is None:  # before the first plan: its steps are still measuring
             return None
