@@ -25,6 +25,11 @@ COMPILE_GAIN_PRIOR = {"cpu": COMPILE_GAIN, "cuda": 2.7}
 # CPU cores; 15-19 s on an H200 (results/gpu-train-step-h200.csv), where the CPU's figure kept compile off
 COMPILE_PRIOR_S = {"cpu": 30.0, "cuda": 15.0}
 COMPILE_MARGIN = 1.03  # compiled must be this much faster to be used: a tie is not worth the recompiles
+# and the steps' time it saves must exceed its compile by this much: the saving is estimated on the steps alone, and
+# a run also evaluates, writes last/ and warms its compiled step up. An H200's 2-minute Fashion-MNIST run compiled for
+# 36 s to save an estimated 40 (20.6 ms a step against 35.9 eager), with the process 60.8 s in at its first step: it
+# trained 1,632 steps where the eager step would have trained ~1,900 (results/gpu/h200-2026-12-04b)
+COMPILE_REPAY = 1.25
 def trained_step_s(p: Any, cal: Calibration, chosen: dict[str, Any], compiled: bool | str) -> float:
     """Seconds a step of the chosen settings takes as the run will train it: the compile calibration's compiled
     step where compile is on, else the chosen eager one."""
@@ -124,9 +129,10 @@ def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], d
     compile_s = cost(mode)
     how = "" if mode is True else f" with {mode} (CUDA graphs)"
     gain_s = (eager - compiled) * (run_s / eager)
-    if eager < compiled * COMPILE_MARGIN or gain_s < compile_s:
+    if eager < compiled * COMPILE_MARGIN or gain_s < COMPILE_REPAY * compile_s:
         return False, (f"compile: off (compiled step{how} {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms; "
-                       f"saves ~{max(gain_s, 0):.0f} s of the run against a {compile_s:.0f} s compile)")
+                       f"saves ~{max(gain_s, 0):.0f} s of the run's steps against a {compile_s:.0f} s compile: at "
+                       f"least {COMPILE_REPAY:g}x it is worth one)")
     return mode, (f"compile: on{how} (compiled step {compiled * 1e3:.1f} ms vs eager {eager * 1e3:.1f} ms: saves "
                   f"~{gain_s:.0f} s of the run for a {compile_s:.0f} s compile, a few seconds once Inductor's cache "
                   "is warm)")
