@@ -362,6 +362,15 @@ def test_a_slow_start_does_not_cut_the_warmup_for_good(tmp_path, monkeypatch):
     r = t.fit()
     assert 16 <= t.warmup_steps <= 22, t.warmup_steps  # the steady pace's plan, not the slow steps' 9
     assert 80 <= r.steps <= 95, r.steps
+    # resumed, the run keeps its plan's warmup: back at the recipe's 22, a run resumed at step 20 of a warmup of 18
+    # would have warmed up again from 21/22 of its learning rate down
+    shortened = t.warmup_steps
+    state = torch.load(tmp_path / "last" / "train_state.pt", weights_only=True)
+    state["warmup_steps"] = shortened - 2
+    torch.save(state, tmp_path / "last" / "train_state.pt")
+    again = Trainer(_cfg(epochs=5, warmup_epochs=1, time_limit=1.0, output=str(tmp_path), resume=str(tmp_path),
+                         min_lr=1e-6), log=_quiet, progress=False)
+    assert again.warmup_steps == shortened - 2 and again.planned_warmup == 22
 
 
 @pytest.mark.parametrize("save_s, written", [(0.01, "every epoch"), (1.0, "first, after 50 s, and last")])

@@ -126,6 +126,7 @@ class Trainer:
         self.steps_per_epoch = batches // cfg.grad_accum
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = self.planned_warmup = int(cfg.warmup_epochs * self.steps_per_epoch)
+        self._warmup_planned = False  # whether a time-limit plan of this process has set the warmup (_set_plan)
         self.budget = TimeBudget(cfg.time_limit, self.steps_per_epoch, cfg.eval_every, self.total_steps,
                                  cfg.warmup_epochs * self.steps_per_epoch,
                                  cfg.batch_size * cfg.grad_accum * self.world, len(self.data.val),
@@ -187,7 +188,8 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng_ranks[0],
                 "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss, "epochs_trained": self.epochs_trained,
-                "total_steps": self.total_steps, "best_top1": self.best_top1, "last_top1": self.last_top1,
+                "total_steps": self.total_steps, "warmup_steps": self.warmup_steps, "best_top1": self.best_top1,
+                "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity(),
                 "masks": MASKS_DRAWN}
 
@@ -215,8 +217,11 @@ class Trainer:
         self._set_rng_state(s)
         self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
-        if self.budget:  # keep the plan that fitted the schedule into the budget
-            self.total_steps = s["total_steps"]
+        if self.budget:  # keep the plan that fitted the schedule into the budget, its warmup too: back at the
+            self.total_steps = s["total_steps"]  # recipe's, a resumed run past a shortened warmup warmed up again
+            warmup = s.get("warmup_steps")  # (none in a run saved by an older vitkit)
+            if type(warmup) is int and 0 <= warmup <= self.planned_warmup:
+                self.warmup_steps, self._warmup_planned = warmup, True
         if s.get("world", 1) != self.world and self.batch_in_epoch:
             self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
             self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
@@ -302,14 +307,17 @@ class Trainer:
         """Adopt a time-limit plan (rank 0's on every rank: ranks time themselves differently): total steps, warmup
         steps, and the step of the next re-plan."""
         if plan is not None:
-            # a warmup still under way follows the plans (never past the recipe's, never back to a step taken):
-            # the first plan, from steps 5-13 of a compiled GPU run at twice the steady pace, cut an H200's
-            # Fashion-MNIST warmup from 52 steps to 24 for good, and at lr 0.0057 and batch 4096 its loss sat at a
-            # uniform guess's for 6 epochs (80.30% in 2 minutes; 93.18% with 71 steps of warmup). Once it is over it
-            # stays (it places the cosine)
+            # a warmup still under way is set by this process's first plan and lengthened by the later ones (never
+            # past the recipe's, never back to a step taken): the first plan, from steps 5-13 of a compiled GPU run
+            # at twice the steady pace, cut an H200's Fashion-MNIST warmup from 52 steps to 24 for good, and at lr
+            # 0.0057 and batch 4096 its loss sat at a uniform guess's for 6 epochs (80.30% in 2 minutes; 93.18% with
+            # 71 steps of warmup). Only lengthened: following every plan both ways made the LR zigzag through a
+            # warmup of 10 epochs. Once it is over it stays (it places the cosine)
             warmup = self.warmup_steps
             if self.step < self.warmup_steps:
-                warmup = max(min(plan[1], self.planned_warmup), self.step + 1)
+                follow = plan[1] if not self._warmup_planned else max(plan[1], self.warmup_steps)
+                warmup = max(min(follow, self.planned_warmup), self.step + 1)
+                self._warmup_planned = True
             total, warmup, next_check = broadcast_ints([plan[0], warmup, plan[2]], self.device)
             self.total_steps, self.warmup_steps = max(total, self.step), warmup
             self.budget.next_check = next_check
