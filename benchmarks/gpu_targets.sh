@@ -172,9 +172,10 @@ for part in "${PARTS[@]}"; do
   tests)  # the cuda-marked tests (skipped without a GPU); their files only, so a module whose optional
           # dependency the image lacks cannot stop the collection
     files=$(grep -l "mark.cuda" tests/test_*.py | xargs)
-    # every variable the tests read: where Fashion-MNIST is (the packed copy on the GPU machine)
+    # every variable the tests read: where Fashion-MNIST is (the packed copy on the GPU machine). (No -q here: the
+    # configuration's addopts has one, and two hid pytest's count line from the summary, 2026-12-04b.)
     VITKIT_FASHION_MNIST="$(cd "$FM_DATA" 2>/dev/null && pwd || echo "$FM_DATA")" \
-      run_part tests $PY -m pytest -q -m cuda -p no:cacheprovider -n 0 --continue-on-collection-errors $files
+      run_part tests $PY -m pytest -m cuda -p no:cacheprovider -n 0 --continue-on-collection-errors $files
     tail -2 "$LOG" | tee -a "$SUMMARY" ;;
   fashion-mnist)
     run_part fashion-mnist $VITKIT train --dataset fashion-mnist --data-dir "$FM_DATA" --time-limit $FM_LIMIT \
