@@ -403,6 +403,18 @@ def test_last_is_written_as_often_as_a_fiftieth_of_the_training_allows(tmp_path,
     assert state["step"] == epochs * t.steps_per_epoch  # the run's end, whatever the gap
 
 
+def test_a_run_that_ends_after_a_skipped_write_writes_last_and_does_not_say_it_stopped(tmp_path, monkeypatch):
+    """An epoch end that skipped last/ (a time-limit re-plan can end the schedule there): the run's end writes it,
+    and says nothing of a stop (the stop's line was said at every such end)."""
+    said: list[str] = []
+    t = Trainer(_cfg(epochs=3, output=str(tmp_path)), log=said.append, progress=False)
+    monkeypatch.setattr(t, "_last_due", lambda: t.saved[0] == 0)  # the first epoch's write only
+    r = t.fit()
+    state = torch.load(tmp_path / "last" / "train_state.pt", weights_only=True)
+    assert r.epochs == 3 and state["step"] == 3 * t.steps_per_epoch
+    assert not any("stopped" in line for line in said), said
+
+
 def test_run_log_writes_config_metrics_tensorboard_and_curves(tmp_path):
     log = RunLog(tmp_path / "run")
     log.open({"epochs": 2})

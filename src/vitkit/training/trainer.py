@@ -720,9 +720,9 @@ class Trainer:
         self._say_if_ended_early()
         if self.stop_requested or self.saved[0] != self.step:  # a stop, or epochs trained since the last write
             self._save("last")
-            if self.is_main:
-                self.log(f"stopped at epoch {self.epoch} batch {self.batch_in_epoch}; last/ saved "
-                         f"(resume with --resume {self.out})" if self.out else "stopped")
+        if self.stop_requested and self.is_main:
+            self.log(f"stopped at epoch {self.epoch} batch {self.batch_in_epoch}; last/ saved "
+                     f"(resume with --resume {self.out})" if self.out else "stopped")
 
     def _say_if_ended_early(self) -> None:
         """Under a time limit, a recipe whose schedule ended well inside the budget (digits' 40 epochs in 37 s of a
