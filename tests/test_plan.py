@@ -362,19 +362,30 @@ def _measure(speeds, peaks_gib):
     return measure
 
 
-def test_gpu_batch_doubles_while_throughput_grows_and_memory_and_steps_allow():
+def test_gpu_batch_is_the_largest_that_fits_and_gains_over_its_half_searched_from_the_top():
     from vitkit.training.plan import choose_batch
 
     speeds = {64: 4800, 128: 9000, 256: 17000, 512: 30000, 1024: 31000, 2048: 31500}
     peaks = {64: 0.5, 128: 1, 256: 2, 512: 4, 1024: 8, 2048: 16}
     batch, trials = choose_batch(_measure(speeds, peaks), 64, 60_000, 40 * 2**30)
-    assert batch == 512 and [t.batch for t in trials] == [64, 128, 256, 512, 1024]  # 1024: +3%, not +10%
-    batch, trials = choose_batch(_measure(speeds, peaks), 64, 60_000, 4 * 2**30)  # 80% of 4 GiB: 256 fits
-    assert batch == 256 and not trials[-1].fits
+    assert batch == 512  # 1024: +3% over 512, not the 5% a doubling must give; 512: 1.76x 256
+    assert [(t.batch, t.fits) for t in trials] == [(4096, False), (2048, True), (1024, True), (512, True), (256, True)]
+    # 80% of 4 GiB: 4096 runs out of memory, 2048 peaks at 16 GiB (so 1024 at 8 GiB or more, 512 at 4 or more:
+    # neither run), 256 fits and gains over 128
+    batch, trials = choose_batch(_measure(speeds, peaks), 64, 60_000, 4 * 2**30)
+    assert batch == 256 and [t.batch for t in trials] == [4096, 2048, 256, 128]
     batch, trials = choose_batch(_measure({64: 4800, 128: 9000}, peaks), 64, 60_000, 40 * 2**30)
-    assert batch == 128 and not trials[-1].fits  # 256 ran out of memory: the last that ran
-    batch, _ = choose_batch(_measure(speeds, peaks), 64, 1437, 40 * 2**30)  # digits: 1437 // 64 = 22 steps
-    assert batch == 64
+    assert batch == 128 and [t.fits for t in trials] == [False] * 5 + [True, True]  # 256 and up ran out of memory
+    batch, trials = choose_batch(_measure(speeds, peaks), 64, 1437, 40 * 2**30)  # digits: 1437 // 128 = 11 steps
+    assert batch == 64 and trials == []  # nothing to choose: nothing run
+    # the H200's CIFAR-10 step (results/gpu/h200-2026-12-04b): every doubling gained; two sizes run, not six
+    h200 = {128: 7052, 256: 14545, 512: 29244, 1024: 55773, 2048: 77909, 4096: 88403}
+    gib = {128: 0.4, 256: 0.7, 512: 1.3, 1024: 2.4, 2048: 4.8, 4096: 9.3}
+    batch, trials = choose_batch(_measure(h200, gib), 128, 50_000, 139 * 2**30)
+    assert batch == 4096 and [t.batch for t in trials] == [4096, 2048]
+    # a flat stretch, then a gain (a launch-bound step): the gain is taken
+    batch, _ = choose_batch(_measure({64: 1000, 128: 1010, 256: 3000}, peaks), 64, 60_000, 3 * 2**30)
+    assert batch == 256
 
 
 def test_gpu_batch_scales_the_learning_rate_and_says_so(monkeypatch):

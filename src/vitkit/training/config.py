@@ -90,8 +90,8 @@ class TrainConfig:
     epochs: int = 30
     batch_size: int = 128
     grad_accum: int = 1
-    # On a CUDA GPU, the batch is chosen from the measured step (training/plan.py, choose_batch): doubled while the
-    # images per second grow and memory allows, the learning rate scaled with it, the schedule in epochs unchanged.
+    # On a CUDA GPU, the batch is chosen from the measured step (training/plan.py, choose_batch): the recipe's doubled
+    # as long as the images per second grow and memory allows (searched from the top down), the learning rate scaled with it, the schedule in epochs unchanged.
     # Off where the batch was given (a flag, a config file, a resumed run) and on other devices.
     gpu_batch: bool = True
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)

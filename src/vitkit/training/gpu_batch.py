@@ -1,4 +1,4 @@
-"""The batch on a CUDA GPU: doubled from the recipe's while the run's own step gets faster, fits in memory and
+"""The batch on a CUDA GPU: the recipe's doubled as long as the run's own step gets faster, fits in memory and
 leaves an epoch enough optimizer steps; the learning rate scaled with it. The planner (training/plan.py) chooses it
 first, and times every other setting at it: a GPU step at a small batch is launch-bound (the H200's CIFAR-10 step
 at batch 128: fp32 9.2 ms, bf16 9.2 ms; at 1024: fp32 31.5 ms, bf16 21.0 ms; results/gpu-train-step-h200.csv),
@@ -32,25 +32,41 @@ class BatchTrial:
 
 def choose_batch(measure: Callable[[int], tuple[float, int]], base: int, n_train: int, free_bytes: int,
                  max_batch: int = MAX_BATCH) -> tuple[int, list[BatchTrial]]:
-    """The batch for a GPU: from ``base``, doubled while the step at twice the batch still peaks under
-    ``MEMORY_SHARE`` of ``free_bytes``, leaves an epoch ``MIN_STEPS_PER_EPOCH`` steps, and gives at least
-    ``MIN_GAIN`` times the images per second. ``measure(batch)`` -> (images per second, peak bytes), or raises
-    ``torch.cuda.OutOfMemoryError``. Returns the batch and every trial."""
-    trials = [BatchTrial(base, *measure(base), True)]
-    best = trials[0]
-    b = base * 2
-    while b <= max_batch and n_train // b >= MIN_STEPS_PER_EPOCH:
+    """The batch for a GPU: of ``base`` doubled (up to ``max_batch`` and while an epoch keeps ``MIN_STEPS_PER_EPOCH``
+    steps), the largest whose step peaks under ``MEMORY_SHARE`` of ``free_bytes`` and gives at least ``MIN_GAIN``
+    times the images per second of half its batch; ``base`` where none does. ``measure(batch)`` -> (images per
+    second, peak bytes), or raises ``torch.cuda.OutOfMemoryError``. Returns the batch and every trial.
+
+    Searched from the top down: on the H200 every doubling from 128 to 4096 gained (results/gpu/), so the search
+    from the bottom ran six sizes a model, twice a plan (the base model, then the tier's), where two answer. Where
+    the gains flatten on the way up, both searches agree; where a flat stretch is followed by a gain (a compiled or
+    launch-bound step), this one takes the gain. A size too large for the memory tells the next ones: a step's peak
+    is a fixed part plus one growing with the batch, so half the batch peaks at least half as high, and the sizes
+    whose lower bound is over the share are not run."""
+    sizes = [base]
+    while sizes[-1] * 2 <= max_batch and n_train // (sizes[-1] * 2) >= MIN_STEPS_PER_EPOCH:
+        sizes.append(sizes[-1] * 2)
+    share = MEMORY_SHARE * free_bytes
+    trials: list[BatchTrial] = []
+    upper: BatchTrial | None = None  # the largest size that ran and fitted
+    floor = 0.0  # bytes per image a step is known to peak above (from a size that did not fit)
+    for b in reversed(sizes) if len(sizes) > 1 else ():  # (one size: nothing to choose, nothing run)
+        if upper is None and b != base and floor * b > share:
+            continue
         try:
             speed, peak = measure(b)
-        except torch.cuda.OutOfMemoryError:
-            trials.append(BatchTrial(b, 0.0, free_bytes, False))
-            break
-        trials.append(BatchTrial(b, speed, peak, peak <= MEMORY_SHARE * free_bytes))
-        if not trials[-1].fits or speed < MIN_GAIN * best.img_per_s:
-            break
-        best = trials[-1]
-        b *= 2
-    return best.batch, trials
+        except torch.cuda.OutOfMemoryError:  # (its peak: above the free memory)
+            speed, peak = 0.0, free_bytes + 1
+        trials.append(BatchTrial(b, speed, min(peak, free_bytes), peak <= share))
+        if not trials[-1].fits:
+            if upper is not None:  # a smaller batch over the share a larger one fitted in (noise): the larger
+                return upper.batch, trials
+            floor = max(floor, peak / b)
+        elif upper is not None and upper.img_per_s >= MIN_GAIN * speed:
+            return upper.batch, trials
+        else:
+            upper = trials[-1]
+    return base, trials
 
 
 def scale_lr(cfg: TrainConfig, batch: int) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, dec
                            would_time_compile)
 from .build import build_data, for_run, model_config, resident_bytes, search_convolutions
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
-from .gpu_batch import BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
+from .gpu_batch import MIN_STEPS_PER_EPOCH, BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
 from .memory_plan import check_weights_fit, decide_memory, optimizer_moments
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
@@ -633,9 +633,11 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
     if held:
         p.notes.append(f"GPU memory held beside the step: {held / 2**30:.2f} GiB (the dataset, resident there, and the "
                        "EMA copy of the weights), out of the free memory the batch is sized to")
-    p.notes.append("batch on this GPU: " + ", ".join(
+    p.notes.append("batch on this GPU: " + (", ".join(
         f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
-        for t in trials) + f" -> {batch}")
+        for t in trials) + f" -> {batch}" if trials else
+        f"{batch}, the recipe's (a larger one would leave an epoch of {len(data.train):,} images fewer than "
+        f"{MIN_STEPS_PER_EPOCH} steps; nothing timed)"))
     if batch == cfg.batch_size:
         return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False})
     new = scale_lr(cfg, batch)
