@@ -723,6 +723,31 @@ def test_the_benchmarks_loops_run_the_steps_asked_for_across_epoch_ends():
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()) if p.requires_grad)
 
 
+def test_the_streamed_estimate_is_clocked_after_the_passs_first_batch_and_counts_the_waits_after_it(monkeypatch):
+    """Each timed call of ``--estimate`` is a new pass over the loader, whose first batch waits for a worker to
+    decode a whole batch; a run reads one pass an epoch. On the H200 that wait (2.2 s a call) was the whole gap
+    between ViT-B/16's streamed rate and its workers'. Here a pass's first batch waits 0.6 s and every batch 0.03 s:
+    the window holds the steps' waits (4 x 0.03 s) and not the first."""
+    import vitkit.training.trainer as trainer_mod
+    from vitkit.bench.training import vitkit_train_steps
+    from vitkit.data.datasets import load_dataset
+
+    real = trainer_mod.batches
+
+    def slow(*a, **kw):
+        for i, b in enumerate(real(*a, **kw)):
+            time.sleep(0.6 if i == 0 else 0.03)
+            yield b
+    monkeypatch.setattr(trainer_mod, "batches", slow)
+    run = vitkit_train_steps(_cfg(compile=False), load_dataset("digits"), steps=4, warmup=1, skip=2)
+    for _ in range(2):
+        start = time.perf_counter()
+        run()
+        whole = time.perf_counter() - start
+        assert whole >= 0.6 + 6 * 0.03  # the call: the first wait, skip + steps + 1 batches
+        assert 4 * 0.03 <= run.window < 0.6  # the window: four steps and their waits, not the pass's first
+
+
 def test_fewer_images_than_one_optimiser_step_is_refused_not_a_loop_for_ever(tmp_path, capsys):
     """--init on 5% of a small folder: the fine-tune recipe's accumulation (5 x 32, fitted to the whole folder) never
     made one optimiser step on the 67 images trained, and the run looped through thousands of empty epochs."""

@@ -8,6 +8,7 @@ shards on faster storage, or decoding elsewhere would buy it back.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -18,7 +19,7 @@ from ..data.splits import DataSplits, ImageTensors
 from ..data.stream import PREFETCH
 from ..runtime.device import resolve_device
 from ..training.config import TrainConfig
-from .timing import interleaved_throughput
+from .timing import round_robin_times
 from .training import vitkit_train_steps
 
 IMAGENET_TRAIN_IMAGES = 1_281_167  # ImageNet-1k's training split (ILSVRC-2012)
@@ -83,11 +84,23 @@ def stream_cost(cfg: TrainConfig, data: DataSplits, plan: object, steps: int = 3
     if per_epoch < warmup + 1:
         raise ValueError(f"--estimate: {data.name} has {len(data.train)} training images, {per_epoch} batches of "
                          f"{cfg.batch_size}; timing needs at least {warmup + 1} (a smaller --batch-size)")
-    steps = min(steps, per_epoch - warmup)  # each timing inside one epoch: one loader, as a run reads it
-    memory = in_memory_like(data, cfg.batch_size * (steps + warmup + 2))
-    fns = [vitkit_train_steps(cfg, d, steps, warmup, plan) for d in (data, memory)]  # type: ignore[arg-type]
-    streamed, in_memory = interleaved_throughput(fns, steps * cfg.batch_size, warmup=0, repeats=repeats,
-                                                 device=device)
+    # each timing inside one epoch (one loader pass, as a run reads it), clocked in steady state: whole rounds of
+    # the workers after their first (bench/training.py, vitkit_train_steps)
+    w = max(data.train.workers, 1)
+    skip = w if 2 * w + 1 <= per_epoch else 0
+    steps = min(steps, per_epoch - skip - 1)
+    steps = max(steps - steps % w, 1) if steps >= w else steps
+    memory = in_memory_like(data, cfg.batch_size * (skip + steps + warmup + 3))
+    fns = [vitkit_train_steps(cfg, d, steps, warmup, plan, skip=skip) for d in (data, memory)]  # type: ignore[arg-type]
+    windows: list[list[float]] = [[], []]
+
+    def timed(i: int) -> Callable[[], None]:
+        def call() -> None:
+            fns[i]()
+            windows[i].append(fns[i].window)  # type: ignore[attr-defined]
+        return call
+    round_robin_times([timed(0), timed(1)], warmup=0, repeats=repeats, device=device)
+    streamed, in_memory = (steps * cfg.batch_size / max(statistics.median(ws), 1e-9) for ws in windows)
     reading = reading_rate(data, cfg.batch_size, max(steps + warmup, 8))
     return StreamCost(streamed, in_memory, reading, data.train.workers, cfg.batch_size, str(device),
                       cfg.decode == "device")

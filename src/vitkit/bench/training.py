@@ -1,6 +1,7 @@
 """Training throughput: vitkit's trainer against plain loops over the same model."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -13,27 +14,53 @@ from ..data.datasets import DataSplits
 from ..runtime.precision import autocast_for, matmul_precision
 from ..training.config import TrainConfig
 from ..training.trainer import Trainer
-from .timing import throughput
+from .timing import sync, throughput
 
 CPU = torch.device("cpu")
 
 
 def vitkit_train_steps(cfg: TrainConfig, data: DataSplits, steps: int = 60, warmup: int = 5,
-                       plan: "Plan | None" = None) -> Callable[[], None]:  # noqa: F821
+                       plan: "Plan | None" = None, skip: int | None = None) -> Callable[[], None]:  # noqa: F821
     """A callable running ``steps`` steps of the real trainer (batch augmentation, precision, attention path as
     configured), after ``warmup`` steps (compiling included), for timing round-robin with the plain loops; an epoch
-    too short for ``steps`` more is left for the next one. ``run.trainer`` is the Trainer."""
+    too short for ``steps`` more is left for the next one. ``run.trainer`` is the Trainer.
+
+    With ``skip``: each call runs ``skip`` steps, then ``steps`` more, and ``run.window`` is the seconds from the
+    start of step ``skip`` to the start of step ``skip + steps`` (the device synced at both): the steady rate of a
+    pass over files. Each call is a new pass over the loader, whose first batch waits for one worker to decode a
+    whole batch (256 photos at 118 a second: 2.2 s, which was the whole of the H200's streamed-vs-workers gap for
+    ViT-B/16, results/gpu/h200-2026-12-04b) while the workers' first round then comes at once; a run reads one pass
+    an epoch, thousands of steps long. Clocked from one round's first batch to a later round's first, with ``steps``
+    a multiple of the workers, the window holds whole rounds."""
     t = Trainer(cfg, data=data, log=lambda s: None, progress=False, plan_=plan)
     t.total_steps = warmup
     with matmul_precision(t.precision):  # as fit() trains (tf32: the matmuls on TF32 tensor cores, not fp32)
         t.train_epoch()
+    g = cfg.grad_accum
+    per_call = steps if skip is None else -(-(skip + steps + 1) // g)  # (optimizer steps; skip, steps: batches)
+    marks: list[float] = []
+    seen = [0]  # batches of this call
+    augment = t.augment
+
+    def clocked(x, y, **kw):  # type: ignore[no-untyped-def]  # (called once a batch, the batch come)
+        if seen[0] in (skip, skip + steps):  # type: ignore[operator]
+            sync(t.device)
+            marks.append(time.perf_counter())
+        seen[0] += 1
+        return augment(x, y, **kw)
+    if skip is not None:
+        t.augment = clocked
 
     def run() -> None:
-        if t.batch_in_epoch + steps > t.steps_per_epoch * cfg.grad_accum:  # not enough left: a new epoch
+        if t.batch_in_epoch + per_call * g > t.steps_per_epoch * g:  # not enough left: a new epoch
             t.epoch, t.batch_in_epoch = t.epoch + 1, 0
-        t.total_steps = t.step + steps
+        marks.clear()
+        seen[0] = 0
+        t.total_steps = t.step + per_call
         with matmul_precision(t.precision):
             t.train_epoch()
+        if skip is not None:
+            run.window = marks[1] - marks[0]  # type: ignore[attr-defined]
     run.trainer = t  # type: ignore[attr-defined]
     return run
 
