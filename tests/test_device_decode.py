@@ -75,6 +75,42 @@ def test_what_the_device_cannot_decode_is_left_to_the_workers():
     assert torch.equal(orient(torch.arange(6).reshape(1, 2, 3), 1), torch.arange(6).reshape(1, 2, 3))
 
 
+def test_a_batch_is_decoded_in_chunks_of_bounded_full_size_bytes_each_cut_before_the_next(monkeypatch):
+    """Issue 80 N4: a device-decoded batch was decoded whole at full size before any crop (a batch of 4096 photos of
+    up to 4 MP: 48 GB). Chunks of at most DECODE_BYTES of full-size pixels (the workers read each image's size from
+    its header), each cut to the model's size before the next is decoded; the pixels those of one call; a damaged
+    file re-decodes only its own chunk one at a time (N5)."""
+    import vitkit.data.device_decode as dd
+    from vitkit.data.device_decode import chunks, jpeg_header
+
+    assert [list(r) for r in chunks([10, 10, 10, 50, 5], 3, 60)] == [[0, 1], [2], [3], [4]]  # 30+30; 30; 150 alone
+    assert chunks([], 3, 60) == []
+    sizes = [(40, 30), (60, 50), (30, 30), (80, 64), (20, 50)]
+    datas = [jpeg(photo(h, w, seed=i)) for i, (h, w) in enumerate(sizes)]
+    assert jpeg_header(datas[1]) == (1, 60 * 50)
+    items = [(torch.frombuffer(bytearray(d), dtype=torch.uint8), *jpeg_header(d)[:1], f"{i}.jpg", jpeg_header(d)[1])
+             for i, d in enumerate(datas)]
+    prep = Prepare((48, 48), 4 * 55, EVAL)
+    whole = decode_batch(items, 3, prep.crop, prep.size, prep.train, CPU, None, prep.decode_side)
+    from torchvision.io import decode_jpeg
+    calls = []
+
+    def counting(data, **kw):
+        calls.append([int(d.numel()) for d in data] if isinstance(data, list) else None)
+        return decode_jpeg(data, **kw)
+    monkeypatch.setattr("torchvision.io.decode_jpeg", counting)
+    monkeypatch.setattr(dd, "DECODE_BYTES", 3 * 60 * 50 + 3 * 40 * 30)  # two of these photos at most
+    parts = decode_batch(items, 3, prep.crop, prep.size, prep.train, CPU, None, prep.decode_side)
+    assert [len(c) for c in calls] == [2, 1, 1, 1]  # 40x30 + 60x50; 30x30 (+ 80x64 is over); 80x64 over alone; 20x50
+    assert all(torch.equal(a, b) for a, b in zip(whole, parts)) and all(a.shape == (3, 48, 48) for a in parts)
+    bad = datas[2][:300] + b"\x00" * 200  # its header reads; the decoder refuses it
+    items[2] = (torch.frombuffer(bytearray(bad), dtype=torch.uint8), 1, "2.jpg", 30 * 30)
+    calls.clear()
+    named = []
+    decode_batch(items, 3, prep.crop, prep.size, prep.train, CPU, lambda data, where: named.append(where), None)
+    assert named == ["2.jpg"] and sum(c is None for c in calls) == 1  # its chunk (itself) one at a time, not all five
+
+
 def _jpeg_folder(root, per_class=6, bad=None):
     for split in ("train", "val"):
         for c in range(3):

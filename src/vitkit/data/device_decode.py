@@ -21,20 +21,41 @@ from .images import crop_geometry, fit_within
 JPEG_MAGIC = b"\xff\xd8\xff"
 MAX_PIXELS = 4_000_000  # larger photos are decoded by the workers (at a reduced DCT scale, data/images.py)
 EXIF_ORIENTATION = 0x0112
+# full-size decoded bytes held at once: a batch is decoded in chunks of at most this, each cut to the model's size
+# before the next (decoded whole, a batch of 4096 photos of up to 4 MP held up to 48 GB before any crop, outside the
+# memory the batch was sized to, issue 80 N4); at ImageNet's ~0.4 MB a photo a chunk still holds ~1,300
+DECODE_BYTES = 512 * 2**20
 
 
-def jpeg_orientation(data: bytes, max_pixels: int = MAX_PIXELS) -> int | None:
-    """The EXIF orientation (1: as stored) of a JPEG that ``decode_jpeg`` can take on a device (8-bit gray or RGB,
-    at most ``max_pixels``), read from its header alone; None for anything else (the workers decode those)."""
+def jpeg_header(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[int, int] | None:
+    """(EXIF orientation (1: as stored), pixels) of a JPEG that ``decode_jpeg`` can take on a device (8-bit gray or
+    RGB, at most ``max_pixels``), read from its header alone; None for anything else (the workers decode those)."""
     if not data.startswith(JPEG_MAGIC):
         return None
     try:
         img = Image.open(io.BytesIO(data))  # lazy: the header only
         if img.format != "JPEG" or img.mode not in ("L", "RGB") or img.width * img.height > max_pixels:
             return None
-        return int(img.getexif().get(EXIF_ORIENTATION, 1))
+        return int(img.getexif().get(EXIF_ORIENTATION, 1)), img.width * img.height
     except Exception:  # noqa: BLE001 - any header PIL cannot read: the workers' decode names what is wrong
         return None
+
+
+def jpeg_orientation(data: bytes, max_pixels: int = MAX_PIXELS) -> int | None:
+    """The EXIF orientation of a JPEG the device can decode (``jpeg_header``), None for anything else."""
+    return None if (h := jpeg_header(data, max_pixels)) is None else h[0]
+
+
+def chunks(pixels: list[int], channels: int, budget: int) -> list[range]:
+    """Consecutive ranges of the images whose full-size decodes (``pixels`` x ``channels`` bytes each) hold at most
+    ``budget`` bytes together (an image larger alone: a range of its own)."""
+    out, start, held = [], 0, 0
+    for i, p in enumerate(pixels):
+        if i > start and held + p * channels > budget:
+            out.append(range(start, i))
+            start, held = i, 0
+        held += p * channels
+    return out + [range(start, len(pixels))] if pixels else out
 
 
 def orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -77,8 +98,9 @@ def decode_batch(items: list[Any], channels: int, crop: dict[str, Any] | None, s
                  train: bool, device: torch.device, fallback, decode_side: int | None = None
                  ) -> list[torch.Tensor | None]:
     """The batch's images as (C, H, W) uint8 on ``device``: ``items`` are either images the workers decoded
-    (tensors) or ``(bytes, orientation, where)`` of JPEGs, decoded here in one call. A JPEG the device's decoder
-    refuses (a damaged file whose header read) is handed to ``fallback(bytes, where)`` (the workers' decode:
+    (tensors) or ``(bytes, orientation, where, pixels)`` of JPEGs, decoded here in one call a chunk of at most
+    ``DECODE_BYTES`` decoded (pixels unknown: ``MAX_PIXELS``). A JPEG the device's decoder refuses (a damaged file
+    whose header read; the rest of its chunk is decoded one at a time to find it) is handed to ``fallback(bytes, where)`` (the workers' decode:
     its image, or a BadImageError naming the file; None in its place when bad files are skipped)."""
     from torchvision.io import ImageReadMode, decode_jpeg  # torchvision's io loads on first use
 
@@ -88,19 +110,23 @@ def decode_batch(items: list[Any], channels: int, crop: dict[str, Any] | None, s
     if not raw:
         return out
     mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
-    try:
-        decoded = decode_jpeg([items[i][0] for i in raw], mode=mode, device=device)
-    except RuntimeError:  # one file of the batch: found by decoding them one at a time
-        decoded = []
-        for i in raw:
-            try:
-                decoded.append(decode_jpeg(items[i][0], mode=mode, device=device))
-            except RuntimeError:
-                decoded.append(None)
-    for i, img in zip(raw, decoded):
-        if img is None:
-            out[i] = fallback(bytes(items[i][0].numpy()), items[i][2])
-        else:
-            out[i] = cut(orient(img, items[i][1]), crop, size, train, decode_side)
+    pixels = [items[i][3] if len(items[i]) > 3 else MAX_PIXELS for i in raw]  # (the workers read it in the header)
+    for part in chunks(pixels, channels, DECODE_BYTES):  # each chunk decoded and cut before the next is decoded
+        ids = [raw[k] for k in part]
+        try:
+            decoded = decode_jpeg([items[i][0] for i in ids], mode=mode, device=device)
+        except RuntimeError:  # one file of the chunk: found by decoding them one at a time
+            decoded = []
+            for i in ids:
+                try:
+                    decoded.append(decode_jpeg(items[i][0], mode=mode, device=device))
+                except RuntimeError:
+                    decoded.append(None)
+        for i, img in zip(ids, decoded):
+            if img is None:
+                out[i] = fallback(bytes(items[i][0].numpy()), items[i][2])
+            else:
+                out[i] = cut(orient(img, items[i][1]), crop, size, train, decode_side)
+        del decoded  # (the chunk's full-size images, freed before the next chunk's)
     return out
 

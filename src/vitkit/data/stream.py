@@ -30,7 +30,7 @@ from PIL import Image
 
 from ..model.serialization import atomic_write
 from ..runtime.memory import release_free_memory
-from .device_decode import decode_batch, jpeg_orientation
+from .device_decode import decode_batch, jpeg_header
 from .images import (BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array,
                      too_many_pixels)
 
@@ -250,8 +250,8 @@ class StreamedImages(torch.utils.data.Dataset):
         name = self.names[i]
         try:
             data = self.reader.read(name)
-            if self.device_decode and (o := jpeg_orientation(data)) is not None:  # the device decodes it
-                return (torch.frombuffer(bytearray(data), dtype=torch.uint8), o, self.reader.where(name)), \
+            if self.device_decode and (h := jpeg_header(data)) is not None:  # the device decodes it
+                return (torch.frombuffer(bytearray(data), dtype=torch.uint8), h[0], self.reader.where(name), h[1]), \
                     int(self.labels[i]), ""
             a = self.prep.array(data, self.reader.where(name), self.channels)
         except BadImageError as e:
