@@ -31,6 +31,11 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--holdout",): ("holdout", float, "validate on this class-balanced share of the training images (after "
                                        "--train-fraction) instead of the dataset's val/test split, which is then "
                                        "not read: for choosing settings without the test set"),
+    ("--semi",): ("semi", str, "learn from the images without labels too: joint (MAE's loss beside the classifier's, "
+                              "on the training images --train-fraction leaves out and the labelled ones; Das et al. "
+                              "2024)"),
+    ("--semi-weight",): ("semi_weight", float, "--semi joint: the MAE loss's weight beside the cross-entropy (0.5)"),
+    ("--unlabeled-ratio",): ("unlabeled_ratio", int, "--semi: unlabelled images a step per labelled one (1)"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
     ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),
     ("--lr",): ("lr", float, "peak learning rate (for the global batch; not scaled automatically)"),

@@ -68,6 +68,11 @@ class BatchAugment:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
         return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
+    def weak(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 -> standardised float, cropped and flipped as training does, nothing else (MAE's augmentation)."""
+        x = random_crop(x, self.crop_padding, generator)
+        return self.normalize(random_hflip(x, generator) if self.hflip else x)
+
     def __call__(self, x: torch.Tensor | NaFlexBatch, y: torch.Tensor, train: bool,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor | NaFlexBatch, torch.Tensor]:
         if isinstance(x, NaFlexBatch):  # images at their own sizes, as patches: flips and standardisation only

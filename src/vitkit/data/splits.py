@@ -107,6 +107,15 @@ class DataSplits:
         idx = _per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))
         return dataclasses.replace(self, train=self.train.subset(idx))
 
+    def left_out(self, fraction: float, seed: int = 0) -> Any:
+        """The training images ``with_train_fraction(fraction, seed)`` leaves out (none at 1)."""
+        keep = torch.zeros(len(self.train), dtype=torch.bool)
+        if fraction < 1:
+            keep[_per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))] = True
+        else:
+            keep[:] = True
+        return self.train.subset((~keep).nonzero()[:, 0])
+
     def with_classes(self, names: list[str]) -> "DataSplits":
         """Only the images of the classes ``names`` (``--classes a,b,c``), relabelled 0..k-1 in the dataset's own
         order, which is also the order the checkpoint lists them in. A name the dataset lacks is refused with the

@@ -355,6 +355,22 @@ class MaskedAutoencoder(nn.Module):
         return unpatchify(both, cell, self.encoder.patch_embed.grid_size, c.in_chans)
 
 
+class JointMAE(MaskedAutoencoder):
+    """A classifier and MAE's decoder trained in one step (Das et al., "Limited Data, Unlimited Potential", WACV
+    2024: MAE as an auxiliary task beside the classification): ``forward(x)`` is the classifier's logits (the
+    encoder, every patch seen: how it is evaluated and saved), ``forward(x, u, noise)`` also MAE's output on the
+    images ``u`` (labelled or not), one call so that a compiled step is one graph. Saved as a classifier with
+    MAE's parts beside it (ssl.json, ssl.safetensors): ``vitkit eval``/``export`` read the classifier, ``inspect
+    reconstruct`` and ``pretrain --init`` the decoder."""
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor | None = None,  # type: ignore[override]
+                noise: torch.Tensor | None = None) -> Any:
+        logits = self.encoder(x)
+        if u is None:
+            return logits
+        return logits, super().forward(u, noise=noise)
+
+
 def standardise_patches(target: torch.Tensor) -> torch.Tensor:
     """Each patch's pixels less their mean, over their standard deviation (MAE's norm_pix_loss; the variance is
     the unbiased one, as theirs)."""
@@ -430,15 +446,17 @@ def load_ssl(directory: str | Path, encoder: VisionTransformer) -> nn.Module:
     return module
 
 
-def build_ssl(encoder: VisionTransformer, cfg: dict[str, Any]) -> nn.Module:
-    """The objective's module around ``encoder`` from ``ssl_config``'s mapping."""
+def build_ssl(encoder: VisionTransformer, cfg: dict[str, Any], joint: bool = False) -> nn.Module:
+    """The objective's module around ``encoder`` from ``ssl_config``'s mapping (MAE with ``joint``: beside the
+    encoder's classifier, ``JointMAE``)."""
     method = cfg.get("method")
     if method == "mae":
         dec = decoder_config(encoder.config, cfg.get("decoder_width"), cfg.get("decoder_depth"),
                              cfg.get("decoder_heads"))
         if cfg.get("decoder_mlp_ratio"):
             dec = dec.replace(mlp_ratio=cfg["decoder_mlp_ratio"])
-        return MaskedAutoencoder(encoder, cfg.get("mask_ratio", 0.75), cfg.get("norm_pix_loss", True), dec)
+        return (JointMAE if joint else MaskedAutoencoder)(encoder, cfg.get("mask_ratio", 0.75),
+                                                          cfg.get("norm_pix_loss", True), dec)
     if method == "mpp":
         return MaskedPatchPrediction(encoder, cfg.get("target", "mean"), cfg.get("mask_ratio", 0.5),
                                      tuple(cfg.get("replace", (0.8, 0.1, 0.1))))

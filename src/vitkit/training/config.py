@@ -29,6 +29,7 @@ DECODES = ("auto", "workers", "device")  # where streamed JPEGs are decoded
 # as one graph, for the launch-bound small steps of a GPU); compile: true is the default mode
 COMPILE_MODES = ("reduce-overhead",)
 OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
+SEMI = (None, "joint")  # with the labels, what the unlabelled images are learnt by (training/objectives.py, Joint)
 
 
 @dataclass
@@ -86,6 +87,12 @@ class TrainConfig:
     decoder_width: int | None = None  # MAE's decoder; None = scaled to the encoder (model/ssl.py decoder_config)
     decoder_depth: int | None = None
     decoder_heads: int | None = None
+    # Learning from labelled and unlabelled images in one run (issue 83): joint = the classifier's loss and MAE's on
+    # the unlabelled images (Das et al., WACV 2024: a self-supervised auxiliary task beside the primary one). The
+    # unlabelled images: with --train-fraction, the training split's images left out of it, and the labelled ones
+    semi: str | None = None
+    semi_weight: float = 0.5  # the MAE loss's weight beside the classifier's cross-entropy (weight 1)
+    unlabeled_ratio: int = 1  # unlabelled images a step per labelled one
     # optimisation
     epochs: int = 30
     batch_size: int = 128
@@ -150,7 +157,7 @@ class TrainConfig:
         check_keys(self.model_args, "model override", ViTConfig)
         choices = {"opt": ("adamw", "sgd", "muon"), "precision": TRAIN_PRECISIONS,
                    "aa": (None, "rand", "trivial"), "data_mode": DATA_MODES, "decode": DECODES,
-                   "objective": OBJECTIVES,
+                   "objective": OBJECTIVES, "semi": SEMI,
                    "mpp_target": ("mean", "4x4", "l2")}
         for k, allowed in choices.items():
             if getattr(self, k) not in allowed:
@@ -166,7 +173,7 @@ class TrainConfig:
         check_range("train config", "aa_magnitude", self.aa_magnitude, 0, 10)
         self._check_photo_crops()
         for k in ("epochs", "batch_size", "threads", "grad_accum", "eval_batch_size", "eval_every", "max_epochs",
-                  "decoder_width", "decoder_depth", "decoder_heads"):
+                  "decoder_width", "decoder_depth", "decoder_heads", "unlabeled_ratio"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be at least 1, got {getattr(self, k)}")
         if self.decoder_width is not None and self.decoder_width % 4:
@@ -190,9 +197,15 @@ class TrainConfig:
                 ("smoothing", 0, 1, False, True), ("crop_padding", 0, None, False, False),
                 ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
                 ("model_ema_decay", 0, 1, True, True), ("mask_ratio", 0, 1, True, True), ("blr", 0, None, True, False),
-                ("adam_beta2", 0, 1, False, True), ("layer_decay", 0, 1, True, False)):
+                ("adam_beta2", 0, 1, False, True), ("layer_decay", 0, 1, True, False),
+                ("semi_weight", 0, None, False, False)):
             check_range("train config", k, getattr(self, k), lo, hi, lo_open, hi_open)
         self._check_naflex()
+        if self.semi and self.objective != "classify":
+            raise ValueError(f"semi {self.semi}: learns a classifier from labelled and unlabelled images; "
+                             f"{self.objective} pre-trains on images alone (vitkit pretrain)")
+        if self.semi and self.naflex:
+            raise ValueError(f"semi {self.semi}: MAE masks a fixed grid of patches; not with naflex")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
                              f"{self.time_limit:g}")

@@ -20,6 +20,7 @@ from ..data.augment import BatchAugment, batches
 from ..model.ssl import (SSL_CONFIG, SSL_WEIGHTS, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl,
                          draw_noise, load_ssl, ssl_config)
 from ..interop.mae import from_hf_mae, is_hf_mae
+from ..model.draws import draw
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
 from .config import OBJECTIVES, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
@@ -30,7 +31,7 @@ SSL_SEED = 1234  # the masks an evaluation draws: the same every epoch, so its l
 
 def ssl_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The objective's parts as model/ssl.py builds them (``build_ssl``), from the run's config."""
-    if cfg.objective == "mae":
+    if cfg.objective == "mae" or cfg.semi == "joint":
         return {"method": "mae", "mask_ratio": cfg.mask_ratio if cfg.mask_ratio is not None else 0.75,
                 "norm_pix_loss": cfg.norm_pix_loss is not False, "decoder_width": cfg.decoder_width,
                 "decoder_depth": cfg.decoder_depth, "decoder_heads": cfg.decoder_heads}
@@ -205,8 +206,43 @@ class SelfSupervised(Classify):
         return f"val_colour_top1={best:.2f}" if self.metric == "val_top1" else f"val_loss={-best:.4f}"
 
 
-def objective_for(cfg: TrainConfig, augment: BatchAugment) -> Classify:
-    return Classify(cfg, augment) if cfg.objective == "classify" else SelfSupervised(cfg, augment)
+class Joint(Classify):
+    """``--semi joint``: the classifier's cross-entropy on the labelled batch plus ``semi_weight`` times MAE's loss on
+    ``unlabeled_ratio`` times as many images drawn from ``pool`` (the unlabelled images and the labelled ones, uint8),
+    cropped and flipped as the labelled are (MAE's own augmentation: no RandAugment, no MixUp), in one step through
+    one module (model/ssl.JointMAE). Das et al. (WACV 2024) train MAE as such an auxiliary task on the labelled images
+    alone; the unlabelled ones are what this run has beyond theirs. Without a pool (the planner's probe of a streamed
+    split), the labelled batch stands in for it: the same shapes and work."""
+
+    def __init__(self, cfg: TrainConfig, augment: BatchAugment, pool: torch.Tensor | None = None) -> None:
+        super().__init__(cfg, augment)
+        self.pool = pool
+        self.note = ""
+
+    def wrap(self, model: VisionTransformer) -> nn.Module:
+        return build_ssl(model, ssl_settings(self.cfg), joint=True)
+
+    def unlabelled(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """``unlabeled_ratio`` x len(x) images of the pool, augmented and standardised, on ``x``'s device."""
+        n = len(x) * self.cfg.unlabeled_ratio
+        if self.pool is None:
+            return x.repeat(self.cfg.unlabeled_ratio, *[1] * (x.dim() - 1))
+        idx = draw(torch.randint, len(self.pool), (n,), generator=generator, on=x.device)
+        u = self.pool[idx.to(self.pool.device)].to(x.device, non_blocking=True)
+        return self.augment.weak(u, generator)
+
+    def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        u = self.unlabelled(x, generator)
+        noise = draw_noise(fwd, u, generator)  # (outside the maybe compiled step, as MAE's)
+        logits, out = fwd(x, u, noise=noise)
+        return self.criterion(logits, target) + self.cfg.semi_weight * out.loss
+
+
+def objective_for(cfg: TrainConfig, augment: BatchAugment, pool: torch.Tensor | None = None) -> Classify:
+    if cfg.objective != "classify":
+        return SelfSupervised(cfg, augment)
+    return Joint(cfg, augment, pool) if cfg.semi == "joint" else Classify(cfg, augment)
 
 
 def is_ssl(module: nn.Module) -> bool:

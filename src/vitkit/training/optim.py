@@ -13,16 +13,21 @@ from .config import TrainConfig
 def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
     """No weight decay on norms, biases, position embedding and class token; ``body_lr_scale`` for all but the head;
     with ``layer_decay`` (BEiT's and MAE's fine-tuning), block i's learning rate times decay^(depth - i), the
-    embeddings' times decay^(depth + 1), the final norm's and the head's as given (``layer_id``)."""
+    embeddings' times decay^(depth + 1), the final norm's and the head's as given (``layer_id``). Around an
+    objective's parts (``model.encoder``: MAE's decoder beside a classifier, --semi joint), the encoder's parameters
+    are grouped as the encoder's own, the objective's parts as the head (at the rates given)."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    depth = getattr(getattr(model, "config", None), "depth", None)
+    encoder = getattr(model, "encoder", model)
+    depth = getattr(getattr(encoder, "config", None), "depth", None)
     groups: dict[tuple[bool, bool, int], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip
-        head = name.split(".")[0] in HEADS + ("pre_logits",)  # §3.1's MLP head: its hidden layer is the head's too
-        layer = layer_id(name, depth) if cfg.layer_decay and depth is not None else 0
+        own = name.removeprefix("encoder.") if encoder is not model else name  # (the encoder's own name)
+        part = encoder is not model and own == name  # the objective's, not the encoder's
+        head = part or own.split(".")[0] in HEADS + ("pre_logits",)  # §3.1's MLP head: its hidden layer is the head's
+        layer = (depth + 1 if part else layer_id(own, depth)) if cfg.layer_decay and depth is not None else 0
         scale = (1.0 if head else cfg.body_lr_scale) * (cfg.layer_decay ** (depth + 1 - layer) if cfg.layer_decay
                                                         and depth is not None else 1.0)
         g = groups.setdefault((no_decay, head, layer), {

@@ -83,6 +83,17 @@ class RunResult:
     epochs_trained: float | None = None  # epochs as a fraction (a budget that ended mid-epoch: 0.14)
 
 
+def unlabelled_pool(cfg: TrainConfig, full: DataSplits, labelled: DataSplits) -> torch.Tensor | None:
+    """``--semi``'s images beside the labels (uint8, on the host): the training split's images ``--train-fraction``
+    leaves out, and the labelled ones (the ones ``--holdout`` validates on are in neither)."""
+    if not cfg.semi:
+        return None
+    if full.streamed:
+        raise ValueError(f"--semi {cfg.semi}: the unlabelled images are held in memory, and {full.name} is streamed "
+                         "from its files (--data-mode memory, where it fits)")
+    return torch.cat([full.left_out(cfg.train_fraction).images, labelled.train.images])
+
+
 class Trainer:
     """``Trainer(cfg).fit()`` runs a whole training; ``request_stop()`` (e.g. from a signal) ends it cleanly."""
 
@@ -104,8 +115,11 @@ class Trainer:
             raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 or "
                              "bf16")
         torch.manual_seed(cfg.seed + self.rank)
-        self.data = resident(self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout), self.device,
-                             log if self.is_main else lambda s: None)
+        labelled = self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout)
+        pool = unlabelled_pool(cfg, self.data, labelled)
+        self.data = resident(labelled, self.device, log if self.is_main else lambda s: None)
+        # --semi: the images MAE learns from beside the labels, where the labelled ones live
+        self.pool = None if pool is None else pool.to(self.data.train.images.device)
         if self.data.streamed:  # read from the files by the workers the planner chose
             self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
             # on an accelerator the training split's workers live from epoch to epoch: a GPU epoch is short, and
@@ -162,7 +176,7 @@ class Trainer:
         if cfg.freeze_body:
             self.log(f"--freeze-body: only the head trains ({freeze_body(self.model):,} parameters)")
         # what the loss compares: the labels, or the images alone (the module: the model and the objective's parts)
-        self.objective = objective_for(cfg, self.augment)
+        self.objective = objective_for(cfg, self.augment, self.pool)
         self.module = self.objective.wrap(self.model).to(self.device)
         if getattr(self.objective, "note", "") and self.rank == 0:
             self.log(self.objective.note)
@@ -642,6 +656,13 @@ class Trainer:
             if cfg.objective == "mpp" and self.model.config.in_chans == 1 and cfg.mpp_target != "l2":
                 self.log("mpp on one channel: 8 gray levels (3 bits) are the colour classes, not the paper's 512 "
                          "colours of 3 channels")
+        if cfg.semi and self.pool is not None:
+            parts = sum(p.numel() for n, p in self.module.named_parameters() if not n.startswith("encoder."))
+            rest = len(self.pool) - len(self.data.train)
+            self.log(f"--semi {cfg.semi}: MAE's loss (weight {cfg.semi_weight:g}, mask ratio "
+                     f"{self.module.mask_ratio:g}, a decoder of {parts:,} parameters) beside the cross-entropy, on "
+                     f"{cfg.unlabeled_ratio} image{'s' if cfg.unlabeled_ratio > 1 else ''} a labelled one drawn "
+                     f"from {len(self.pool):,}: {rest:,} unlabelled and the {len(self.data.train):,} labelled")
         for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
             if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")

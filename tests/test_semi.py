@@ -1,0 +1,97 @@
+"""Labelled and unlabelled images in one run (issue 83): ``--semi joint`` trains the classifier's cross-entropy and
+MAE's loss (Das et al., WACV 2024) in one step, MAE on the training images ``--train-fraction`` left out and the
+labelled ones; the checkpoint is an ordinary classifier with MAE's decoder beside it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitkit.cli.main import main
+from vitkit.data.datasets import load_dataset
+from vitkit.model.ssl import JointMAE, MaskedAutoencoder, patchify, standardise_patches
+from vitkit.training.config import TrainConfig
+from vitkit.training.trainer import Trainer
+
+FAST = dict(dataset="digits", epochs=2, batch_size=32, lr=1e-3, warmup_epochs=0.5, compile=False, precision="fp32",
+            attention="sdpa", channels_last=False, threads=1)
+
+
+def test_the_joint_loss_is_the_cross_entropy_plus_the_weighted_mae_loss_by_hand():
+    """The step's loss against one computed here from the module's parts: the classifier's cross-entropy on the
+    labelled batch, and MAE's squared error on the hidden patches (each standardised, He et al.'s norm_pix_loss) of
+    the images drawn, with the mask the drawn noise orders."""
+    t = Trainer(TrainConfig(**FAST, semi="joint", semi_weight=0.3, unlabeled_ratio=2, train_fraction=0.2),
+                log=lambda s: None, progress=False)
+    assert isinstance(t.module, JointMAE) and t.module.encoder is t.model
+    x, y = t.data.train.images[:8], t.data.train.labels[:8]
+    xs, target = t.augment(x, y, train=True, generator=torch.Generator().manual_seed(1))
+    loss = t.objective.loss(t.module, xs, target, torch.Generator().manual_seed(5))
+
+    g = torch.Generator().manual_seed(5)  # the same draws, in the objective's order: images, crops, flips, masks
+    idx = torch.randint(len(t.pool), (16,), generator=g)
+    u = t.augment.weak(t.pool[idx], g)
+    noise = torch.rand(16, t.model.patch_embed.num_patches, generator=g)
+    keep = noise.argsort(1)[:, :int(t.model.patch_embed.num_patches * 0.25)]
+    hidden = torch.ones_like(noise, dtype=torch.bool).scatter(1, keep, False)
+    pred = MaskedAutoencoder.forward(t.module, u, noise=noise).pred
+    err = (pred - standardise_patches(patchify(u, t.model.patch_embed.cell))).pow(2).mean(-1)
+    mae = err[hidden].mean()
+    torch.testing.assert_close(loss, F.cross_entropy(t.model(xs), target) + 0.3 * mae)
+
+
+def test_the_unlabelled_pool_is_the_left_out_images_and_the_labelled_never_the_validated():
+    full = load_dataset("digits")
+    t = Trainer(TrainConfig(**FAST, semi="joint", train_fraction=0.25, holdout=0.2), log=lambda s: None,
+                progress=False)
+    labelled, held = t.data.train.images, t.data.val.images
+    assert len(t.pool) == len(full.train) - len(held)  # every training image but the ones validated on
+    rows = {bytes(im.numpy()) for im in t.pool}
+    assert all(bytes(im.numpy()) in rows for im in labelled)
+    assert not any(bytes(im.numpy()) in rows for im in held)  # (digits has no two images alike among these)
+
+
+def test_a_joint_run_trains_saves_a_classifier_and_resumes(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--semi", "joint", "--train-fraction", "0.2", "--epochs", "2", "-b", "32", "--output", str(run)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "--semi joint: MAE's loss (weight 0.5" in out and "1,150 unlabelled and the 287 labelled" in out
+    assert json.loads((run / "best" / "ssl.json").read_text())["method"] == "mae"  # the decoder beside it
+    assert main(["eval", "--checkpoint", str(run / "best")]) == 0  # read as an ordinary classifier
+    assert "top-1" in capsys.readouterr().out
+    state = torch.load(run / "last" / "train_state.pt", weights_only=False)
+    assert any(k.startswith("decoder_") for k in state["model"])  # resumable with its decoder
+    assert main([*args[:-4], "--epochs", "3", "--output", str(run), "--resume", "auto"]) == 0
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if "epoch" in r][-1] == 3
+
+
+def test_semi_is_refused_where_it_cannot_run(tmp_path):
+    with pytest.raises(ValueError, match="semi joint: learns a classifier"):
+        TrainConfig(dataset="digits", semi="joint", objective="mae")
+    with pytest.raises(ValueError, match="semi must be one of"):
+        TrainConfig(dataset="digits", semi="fixmatch-typo")
+    from vitkit.data.splits import DataSplits
+    from vitkit.training.trainer import unlabelled_pool
+
+    d = load_dataset("digits")
+    streamed = DataSplits("photos", object(), d.val, d.classes)
+    with pytest.raises(ValueError, match="held in memory, and photos is streamed"):
+        unlabelled_pool(TrainConfig(dataset="digits", semi="joint"), streamed, streamed)
+
+
+def test_the_encoders_learning_rates_are_the_classifiers_own_beside_the_decoder():
+    """--layer-decay and --body-lr-scale through the joint module: each encoder parameter's scale as for the bare
+    classifier; the decoder's the head's (the rates given)."""
+    from vitkit.training.optim import param_groups
+
+    cfg = TrainConfig(**FAST, semi="joint", layer_decay=0.75, body_lr_scale=0.5)
+    t = Trainer(cfg, log=lambda s: None, progress=False)
+    scale = {id(p): g["lr_scale"] for g in param_groups(t.model, cfg) for p in g["params"]}
+    joint = {id(p): g["lr_scale"] for g in param_groups(t.module, cfg) for p in g["params"]}
+    assert all(joint[i] == s for i, s in scale.items())
+    decoder = [p for n, p in t.module.named_parameters() if not n.startswith("encoder.")]
+    assert decoder and all(joint[id(p)] == 1.0 for p in decoder)
