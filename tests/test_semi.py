@@ -95,3 +95,21 @@ def test_the_encoders_learning_rates_are_the_classifiers_own_beside_the_decoder(
     assert all(joint[i] == s for i, s in scale.items())
     decoder = [p for n, p in t.module.named_parameters() if not n.startswith("encoder.")]
     assert decoder and all(joint[id(p)] == 1.0 for p in decoder)
+
+
+def test_more_unlabelled_images_from_a_folder_join_the_pool_at_the_labelled_size(tmp_path):
+    """--unlabeled DIR: a folder's images (its train/ alone: class folders ignored, val/ never read) at the labelled
+    images' size; another channel count is refused by name."""
+    from helpers import write_digits_folder
+
+    more = write_digits_folder(tmp_path / "more", per_class=3, size=16)  # 30 in train/, 30 in val/ (not read)
+    said = []
+    t = Trainer(TrainConfig(**FAST, semi="joint", train_fraction=0.5, unlabeled=str(more)), log=said.append,
+                progress=False)
+    assert len(t.pool) == 1437 + 30 and t.pool.shape[1:] == (1, 8, 8)
+    assert any("--unlabeled" in s and "30 images at 8x8" in s for s in said)
+    rgb = write_digits_folder(tmp_path / "rgb", per_class=1, size=16, mode="RGB")
+    with pytest.raises(ValueError, match="images of 3 channels, and digits's have 1"):
+        Trainer(TrainConfig(**FAST, semi="joint", unlabeled=str(rgb)), log=lambda s: None, progress=False)
+    with pytest.raises(ValueError, match="learnt from by --semi joint"):
+        TrainConfig(**FAST, unlabeled=str(more))

@@ -34,6 +34,8 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--semi",): ("semi", str, "learn from the images without labels too: joint (MAE's loss beside the classifier's, "
                               "on the training images --train-fraction leaves out and the labelled ones; Das et al. "
                               "2024)"),
+    ("--unlabeled",): ("unlabeled", str, "--semi: a folder or zip of more images without labels (class folders "
+                                         "ignored; of a train/ and test/ layout, train/ alone)"),
     ("--semi-weight",): ("semi_weight", float, "--semi joint: the MAE loss's weight beside the cross-entropy (0.5)"),
     ("--unlabeled-ratio",): ("unlabeled_ratio", int, "--semi: unlabelled images a step per labelled one (1)"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),

@@ -91,6 +91,7 @@ class TrainConfig:
     # the unlabelled images (Das et al., WACV 2024: a self-supervised auxiliary task beside the primary one). The
     # unlabelled images: with --train-fraction, the training split's images left out of it, and the labelled ones
     semi: str | None = None
+    unlabeled: str | None = None  # a folder or zip of more images without labels (class folders, if any, ignored)
     semi_weight: float = 0.5  # the MAE loss's weight beside the classifier's cross-entropy (weight 1)
     unlabeled_ratio: int = 1  # unlabelled images a step per labelled one
     # optimisation
@@ -204,6 +205,9 @@ class TrainConfig:
         if self.semi and self.objective != "classify":
             raise ValueError(f"semi {self.semi}: learns a classifier from labelled and unlabelled images; "
                              f"{self.objective} pre-trains on images alone (vitkit pretrain)")
+        if self.unlabeled and not self.semi:
+            raise ValueError(f"unlabeled {self.unlabeled}: images without labels are learnt from by --semi joint; "
+                             "give it (or leave --unlabeled out)")
         if self.semi and self.naflex:
             raise ValueError(f"semi {self.semi}: MAE masks a fixed grid of patches; not with naflex")
         if self.time_limit is not None and self.time_limit <= 0:

@@ -83,15 +83,29 @@ class RunResult:
     epochs_trained: float | None = None  # epochs as a fraction (a budget that ended mid-epoch: 0.14)
 
 
-def unlabelled_pool(cfg: TrainConfig, full: DataSplits, labelled: DataSplits) -> torch.Tensor | None:
+def unlabelled_pool(cfg: TrainConfig, full: DataSplits, labelled: DataSplits,
+                    say: Callable[[str], None] = lambda s: None) -> torch.Tensor | None:
     """``--semi``'s images beside the labels (uint8, on the host): the training split's images ``--train-fraction``
-    leaves out, and the labelled ones (the ones ``--holdout`` validates on are in neither)."""
+    leaves out, the labelled ones (the ones ``--holdout`` validates on are in neither), and ``--unlabeled``'s, read
+    at the labelled images' size (its train/ alone where it has splits: never its val/ or test/ images)."""
     if not cfg.semi:
         return None
     if full.streamed:
         raise ValueError(f"--semi {cfg.semi}: the unlabelled images are held in memory, and {full.name} is streamed "
                          "from its files (--data-mode memory, where it fits)")
-    return torch.cat([full.left_out(cfg.train_fraction).images, labelled.train.images])
+    parts = [full.left_out(cfg.train_fraction).images, labelled.train.images]
+    if cfg.unlabeled:
+        from ..data.folder import load_folder_splits
+
+        more = load_folder_splits(cfg.unlabeled, cfg.skip_bad_images, labelled.img_size, cfg.cache_dir,
+                                  mode="memory", say=say, unlabeled=True)
+        images = more.train.images  # (its train/; of a folder without splits, all but the 1 in 50 set aside)
+        if images.shape[1] != labelled.in_chans:
+            raise ValueError(f"--unlabeled {cfg.unlabeled}: images of {images.shape[1]} channel"
+                             f"{'s' if images.shape[1] > 1 else ''}, and {labelled.name}'s have {labelled.in_chans}")
+        say(f"--unlabeled {cfg.unlabeled}: {len(images):,} images at {labelled.img_size[0]}x{labelled.img_size[1]}")
+        parts.append(images)
+    return torch.cat(parts)
 
 
 class Trainer:
@@ -116,7 +130,7 @@ class Trainer:
                              "bf16")
         torch.manual_seed(cfg.seed + self.rank)
         labelled = self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout)
-        pool = unlabelled_pool(cfg, self.data, labelled)
+        pool = unlabelled_pool(cfg, self.data, labelled, log if self.is_main else lambda s: None)
         self.data = resident(labelled, self.device, log if self.is_main else lambda s: None)
         # --semi: the images MAE learns from beside the labels, where the labelled ones live
         self.pool = None if pool is None else pool.to(self.data.train.images.device)
