@@ -339,11 +339,14 @@ def run(args: argparse.Namespace) -> int:
     except FileExistsError as e:
         print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 2
+    from ..training.trainer import unlabelled_pool
+    pool = unlabelled_pool(cfg, data, data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout),
+                           say if rank == 0 else lambda s: None)  # (--semi: read, or refused, before the plan)
     cfg, the_plan = make_plan(cfg, data, recipe, say, start, in_run=True)
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
-                      log=lambda s: print(s, flush=True), plan_=the_plan)
+                      log=lambda s: print(s, flush=True), plan_=the_plan, pool=pool)
     final = trainer.objective.final  # the final line's measure: top-1, or a self-supervised objective's own
     received: list[float] = []  # when the stop was asked
     signals: list[int] = []

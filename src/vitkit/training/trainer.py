@@ -112,9 +112,16 @@ class Trainer:
     """``Trainer(cfg).fit()`` runs a whole training; ``request_stop()`` (e.g. from a signal) ends it cleanly."""
 
     def __init__(self, cfg: TrainConfig, data: DataSplits | None = None, log: Callable[[str], None] = print,
-                 start_time: float | None = None, progress: bool = True, plan_: Plan | None = None) -> None:
+                 start_time: float | None = None, progress: bool = True, plan_: Plan | None = None,
+                 pool: torch.Tensor | None = None) -> None:
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
         self.data = for_run(cfg, data or build_data(cfg))
+        # --semi: the images MAE learns from beside the labels (``pool``: read already), read or refused before
+        # anything is planned
+        if pool is None:
+            pool = unlabelled_pool(cfg, self.data, self.data.with_train_fraction(cfg.train_fraction,
+                                                                                 holdout=cfg.holdout),
+                                   log if rank_and_world()[0] == 0 else lambda s: None)
         if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py), or
             # on the run's own first steps where it leaves them to the run (training/tune.py)
             cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time, in_run=True)
@@ -129,10 +136,8 @@ class Trainer:
             raise ValueError(f"--precision tf32 is for CUDA GPUs (TF32 tensor cores); on {self.device} use fp32 or "
                              "bf16")
         torch.manual_seed(cfg.seed + self.rank)
-        labelled = self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout)
-        pool = unlabelled_pool(cfg, self.data, labelled, log if self.is_main else lambda s: None)
-        self.data = resident(labelled, self.device, log if self.is_main else lambda s: None)
-        # --semi: the images MAE learns from beside the labels, where the labelled ones live
+        self.data = resident(self.data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout), self.device,
+                             log if self.is_main else lambda s: None)
         self.pool = None if pool is None else pool.to(self.data.train.images.device)
         if self.data.streamed:  # read from the files by the workers the planner chose
             self.data.train.workers = self.data.val.workers = cfg.workers if cfg.workers is not None else 2
