@@ -113,3 +113,15 @@ def test_more_unlabelled_images_from_a_folder_join_the_pool_at_the_labelled_size
         Trainer(TrainConfig(**FAST, semi="joint", unlabeled=str(rgb)), log=lambda s: None, progress=False)
     with pytest.raises(ValueError, match="learnt from by --semi joint"):
         TrainConfig(**FAST, unlabeled=str(more))
+
+
+def test_resuming_with_semi_given_or_left_out_against_the_run_is_refused_by_name(tmp_path, capsys):
+    """A plain run resumed with --semi joint failed on the state's keys ("missing ['decoder_blocks.0...'"); a
+    joint run resumed without the flag goes on as it was (its config.json says joint)."""
+    plain, joint = str(tmp_path / "plain"), str(tmp_path / "joint")
+    assert main(["train", "--epochs", "1", "-b", "64", "--output", plain]) == 0
+    assert main(["train", "--epochs", "2", "-b", "64", "--output", plain, "--resume", "auto", "--semi", "joint"]) == 2
+    assert "trained without --semi joint, and a resumed run goes on as it was" in capsys.readouterr().err
+    assert main(["train", "--semi", "joint", "--epochs", "1", "-b", "64", "--output", joint]) == 0
+    assert main(["train", "--epochs", "2", "-b", "64", "--output", joint, "--resume", "auto"]) == 0
+    assert "--semi joint: MAE's loss" in capsys.readouterr().out

@@ -4,6 +4,7 @@
 per-patch normalisation undone; MPP: each corrupted patch in the mean colour it predicted)."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import torch
@@ -67,7 +68,8 @@ def draw(raw: torch.Tensor, seen: torch.Tensor, filled: torch.Tensor, path: Path
             axes[i][j].set_yticks([])
             if i == 0:
                 axes[i][j].set_title(name, fontsize=9)
-    fig.suptitle(title, fontsize=9)
+    # each line wrapped to the figure's width (the reconstruction's wording was cut off at the edge)
+    fig.suptitle("\n".join(textwrap.fill(line, 80) for line in title.split("\n")), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

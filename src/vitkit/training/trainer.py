@@ -233,6 +233,11 @@ class Trainer:
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         _check_same_classes(ckpt, list(self.data.classes), run_dir)
         s = load_train_state(ckpt)
+        joint = any(str(k).startswith("decoder_") for k in s["model"])  # (a classifier with MAE's decoder)
+        if self.cfg.objective == "classify" and joint != (self.cfg.semi == "joint"):
+            raise ValueError(f"--resume {run_dir}: it was trained {'with' if joint else 'without'} --semi joint, and a "
+                             f"resumed run goes on as it was: {'give' if joint else 'leave out'} --semi joint, or "
+                             f"start a new run from its weights (--init {ckpt})")
         load_state_dict_into(self.module, s["model"], str(ckpt / "train_state.pt"))
         if self.ema is not None and s["ema"] is not None:
             self.ema.load_state_dict(s["ema"])
