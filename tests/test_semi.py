@@ -125,3 +125,13 @@ def test_resuming_with_semi_given_or_left_out_against_the_run_is_refused_by_name
     assert main(["train", "--semi", "joint", "--epochs", "1", "-b", "64", "--output", joint]) == 0
     assert main(["train", "--epochs", "2", "-b", "64", "--output", joint, "--resume", "auto"]) == 0
     assert "--semi joint: MAE's loss" in capsys.readouterr().out
+
+
+def test_muon_trains_the_encoders_block_matrices_through_the_joint_module_and_adamw_the_decoder():
+    """CIFAR-10's recipe below 20 epochs a budget takes Muon: through the joint module it found no block matrices
+    ("opt muon: the model has no trainable weight matrices") and the run stopped before its first step."""
+    t = Trainer(TrainConfig(**{**FAST, "opt": "muon"}, semi="joint"), log=lambda s: None, progress=False)
+    muon = {id(p) for g in t.optimizer.muon.param_groups for p in g["params"]}
+    blocks = {id(p) for n, p in t.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2}
+    decoder = {id(p) for n, p in t.module.named_parameters() if not n.startswith("encoder.")}
+    assert muon == blocks and not muon & decoder

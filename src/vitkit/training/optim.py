@@ -81,7 +81,8 @@ class MuonAdamW:
 
     def __init__(self, model: torch.nn.Module, groups: list[dict], lr: float, fused: bool,
                  stem: bool = False, embed: bool = False, ns_dtype: torch.dtype = torch.float32) -> None:
-        hidden = {id(p) for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2
+        encoder = getattr(model, "encoder", model)  # (around an objective's parts: the encoder's own; the parts AdamW)
+        hidden = {id(p) for name, p in encoder.named_parameters() if name.startswith("blocks.") and p.ndim == 2
                   or stem and name.startswith("patch_embed.backbone.") and p.ndim == 4
                   or embed and name == "patch_embed.proj.weight"}
         muon_groups, adamw_groups = [], []
