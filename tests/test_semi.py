@@ -135,3 +135,15 @@ def test_muon_trains_the_encoders_block_matrices_through_the_joint_module_and_ad
     blocks = {id(p) for n, p in t.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2}
     decoder = {id(p) for n, p in t.module.named_parameters() if not n.startswith("encoder.")}
     assert muon == blocks and not muon & decoder
+
+
+def test_a_joint_step_is_timed_and_cached_apart_from_the_plain_step():
+    from vitkit.training.probe import step_workload
+    from vitkit.training.build import build_model
+
+    plain = TrainConfig(**FAST)
+    model = build_model(plain, load_dataset("digits"))
+    key = step_workload(plain, model, 32, torch.device("cpu"))
+    joint = step_workload(TrainConfig(**FAST, semi="joint"), model, 32, torch.device("cpu"))
+    more = step_workload(TrainConfig(**FAST, semi="joint", unlabeled_ratio=3), model, 32, torch.device("cpu"))
+    assert len({json.dumps(k, sort_keys=True) for k in (key, joint, more)}) == 3

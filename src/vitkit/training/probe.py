@@ -44,7 +44,10 @@ def step_workload(cfg: TrainConfig, model: nn.Module, n: int, device: torch.devi
             "augment": [cfg.crop_padding, cfg.hflip, cfg.aa, cfg.aa_magnitude, cfg.mixup, cfg.cutmix],
             "muon": [cfg.muon_stem, cfg.muon_embed], "freeze_body": cfg.freeze_body, "device": device.type,
             "threads": torch.get_num_threads(),
-            **({} if cfg.objective == "classify" else {"objective": ssl_settings(cfg)})}
+            **({} if cfg.objective == "classify" else {"objective": ssl_settings(cfg)}),
+            # --semi's MAE on unlabelled images beside the step (its cached time was the plain step's: a joint run
+            # at 10% of CIFAR-10 planned 6.2 epochs and trained 4.5)
+            **({"semi": [cfg.semi, cfg.unlabeled_ratio, ssl_settings(cfg)]} if cfg.semi else {})}
 
 
 class StepProbe:
