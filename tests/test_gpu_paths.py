@@ -88,14 +88,17 @@ def test_a_run_on_a_gpu_saves_resumes_and_evaluates(tmp_path, gpu):
 HYBRID = {"hybrid": "conv:8,8,M", "patch_size": 1, "embed_dim": 32, "depth": 1, "num_heads": 2}
 
 
-@pytest.mark.parametrize("objective", ["classify", "mae", "mpp", "mae-hybrid", "mpp-hybrid"])
+@pytest.mark.parametrize("objective", ["classify", "mae", "mpp", "mae-hybrid", "mpp-hybrid", "classify-joint"])
 def test_a_training_step_waits_for_the_device_once_a_read_not_once_a_step(tmp_path, objective, gpu):
     """No host-device copy in the step (crops, flips and masks drawn on the device; mean and std kept there), and
     the loss read every READ_LOSS_EVERY batches: a GPU's queue is not drained at every step. (On a real GPU: the
-    supervised, MAE and MPP steps run, of the plain ViT and of a conv-stem hybrid.)"""
+    supervised, MAE and MPP steps run, of the plain ViT and of a conv-stem hybrid, and --semi joint's, whose
+    unlabelled images are drawn where they live.)"""
     method, _, kind = objective.partition("-")
     extra = {} if method == "classify" else {"objective": method,
                                              "model_args": HYBRID if kind == "hybrid" else {"hybrid": "none"}}
+    if kind == "joint":
+        extra = {"semi": "joint", "model_args": {"hybrid": "none"}}
     t = Trainer(gpu_config(tmp_path, batch_size=32, crop_padding=1, hflip=True, output=None, **extra), **QUIET)
     if gpu is not None:
         gpu.reset()
