@@ -72,6 +72,8 @@ def test_a_joint_run_trains_saves_a_classifier_and_resumes(tmp_path, capsys):
 def test_semi_is_refused_where_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="semi joint: learns a classifier"):
         TrainConfig(dataset="digits", semi="joint", objective="mae")
+    with pytest.raises(ValueError, match="freeze_body trains the head alone: one or the other"):
+        TrainConfig(dataset="digits", semi="joint", freeze_body=True)  # (was "optimizer got an empty parameter list")
     with pytest.raises(ValueError, match="semi must be one of"):
         TrainConfig(dataset="digits", semi="fixmatch-typo")
     from vitkit.data.splits import DataSplits

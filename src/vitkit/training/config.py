@@ -208,6 +208,9 @@ class TrainConfig:
         if self.unlabeled and not self.semi:
             raise ValueError(f"unlabeled {self.unlabeled}: images without labels are learnt from by --semi joint; "
                              "give it (or leave --unlabeled out)")
+        if self.semi and self.freeze_body:
+            raise ValueError(f"semi {self.semi} teaches the encoder by MAE's loss, and freeze_body trains the head "
+                             "alone: one or the other")
         if self.semi and self.naflex:
             raise ValueError(f"semi {self.semi}: MAE masks a fixed grid of patches; not with naflex")
         if self.time_limit is not None and self.time_limit <= 0:
