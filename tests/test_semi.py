@@ -149,3 +149,18 @@ def test_a_joint_step_is_timed_and_cached_apart_from_the_plain_step():
     joint = step_workload(TrainConfig(**FAST, semi="joint"), model, 32, torch.device("cpu"))
     more = step_workload(TrainConfig(**FAST, semi="joint", unlabeled_ratio=3), model, 32, torch.device("cpu"))
     assert len({json.dumps(k, sort_keys=True) for k in (key, joint, more)}) == 3
+
+
+def test_the_joint_step_is_one_compiled_graph():
+    """The classifier's forward and MAE's in one call, the noise drawn outside: torch.compile traces one graph with
+    no break (a GPU run compiles its step; counted here with torch._dynamo.explain)."""
+    import torch._dynamo
+
+    from vitkit.model.ssl import draw_noise
+
+    t = Trainer(TrainConfig(**FAST, semi="joint", train_fraction=0.5), log=lambda s: None, progress=False)
+    g = torch.Generator().manual_seed(0)
+    x, target = t.augment(t.data.train.images[:16], t.data.train.labels[:16], train=True, generator=g)
+    u = t.objective.unlabelled(x, g)
+    e = torch._dynamo.explain(t.module)(x, u, noise=draw_noise(t.module, u, g))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
