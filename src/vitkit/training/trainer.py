@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from ..data.augment import batches
 from ..data.datasets import DataSplits
+from ..data.folder import load_folder_splits
 from ..data.sampler import GlobalBatchSampler, check_batches
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
@@ -95,8 +96,6 @@ def unlabelled_pool(cfg: TrainConfig, full: DataSplits, labelled: DataSplits,
                          "from its files (--data-mode memory, where it fits)")
     parts = [full.left_out(cfg.train_fraction).images, labelled.train.images]
     if cfg.unlabeled:
-        from ..data.folder import load_folder_splits
-
         more = load_folder_splits(cfg.unlabeled, cfg.skip_bad_images, labelled.img_size, cfg.cache_dir,
                                   mode="memory", say=say, unlabeled=True)
         images = more.train.images  # (its train/; of a folder without splits, all but the 1 in 50 set aside)
