@@ -103,6 +103,10 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
               "--naflex": ("naflex", "NaFlex (SigLIP 2): every image at its own aspect ratio, resized to fit "
                                      "--max-tokens patches, batches padded with an attention mask; streams the files"),
               "--freeze-body": ("freeze_body", "with --init: train the head alone (a linear probe)"),
+              "--grad-checkpointing": ("grad_checkpointing", "activation checkpointing: each block's activations "
+                                                             "rebuilt in the backward pass instead of kept (less "
+                                                             "memory, one more forward of each block; timm's "
+                                                             "set_grad_checkpointing)"),
               "--gpu-batch": ("gpu_batch", "on a CUDA GPU, choose the batch from the measured step and free memory "
                                            "(the LR scaled with it; the default unless -b/--batch-size is given)")}
 AUTO_BOOL_FLAGS = {"--compile": ("compile", "torch.compile the model; auto: where the budget repays the compile time "

@@ -162,7 +162,14 @@ def _fraction(settings: dict[str, Any], key: str) -> float | None:
 
 
 def build_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
-    """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid)."""
+    """The preset with the data's classes and channels; ``--init`` loads weights (new head, resampled grid); with
+    ``grad_checkpointing``, its blocks checkpointed (model/vit.Blocks)."""
+    model = _built_model(cfg, data)
+    model.set_grad_checkpointing(cfg.grad_checkpointing)
+    return model
+
+
+def _built_model(cfg: TrainConfig, data: DataSplits) -> VisionTransformer:
     if cfg.init:
         # the architecture comes from the weights; only what fine-tuning may change is taken from the config
         classes = data.num_classes if cfg.objective == "classify" else 0  # (pre-training: an encoder, no head)

@@ -102,6 +102,9 @@ class TrainConfig:
     # as long as the images per second grow and memory allows (searched from the top down), the learning rate scaled with it, the schedule in epochs unchanged.
     # Off where the batch was given (a flag, a config file, a resumed run) and on other devices.
     gpu_batch: bool = True
+    # activation checkpointing (timm's set_grad_checkpointing): each block's activations rebuilt in the backward
+    # pass instead of kept, for a batch that does not fit otherwise (model/vit.Blocks)
+    grad_checkpointing: bool = False
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
     adam_beta2: float = 0.999  # AdamW's second-moment decay (MAE pre-trains with 0.95)
     layer_decay: float | None = None  # fine-tuning: block i's LR times decay^(depth - i), the embeddings' the least
