@@ -89,7 +89,8 @@ def stream_cost(cfg: TrainConfig, data: DataSplits, plan: object, steps: int = 3
     w = max(data.train.workers, 1)
     skip = w if 2 * w + 1 <= per_epoch else 0
     steps = min(steps, per_epoch - skip - 1)
-    steps = max(steps - steps % w, 1) if steps >= w else steps
+    if steps >= w:  # (whole rounds where an epoch holds one)
+        steps -= steps % w
     memory = in_memory_like(data, cfg.batch_size * (skip + steps + warmup + 3))
     fns = [vitkit_train_steps(cfg, d, steps, warmup, plan, skip=skip) for d in (data, memory)]  # type: ignore[arg-type]
     windows: list[list[float]] = [[], []]

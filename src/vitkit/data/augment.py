@@ -68,10 +68,14 @@ class BatchAugment:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
         return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
+    def crop_flip(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The training crop (with ``crop_padding``) and, with ``hflip``, the flip of a uint8 batch."""
+        x = random_crop(x, self.crop_padding, generator)
+        return random_hflip(x, generator) if self.hflip else x
+
     def weak(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """uint8 -> standardised float, cropped and flipped as training does, nothing else (MAE's augmentation)."""
-        x = random_crop(x, self.crop_padding, generator)
-        return self.normalize(random_hflip(x, generator) if self.hflip else x)
+        return self.normalize(self.crop_flip(x, generator))
 
     def __call__(self, x: torch.Tensor | NaFlexBatch, y: torch.Tensor, train: bool,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor | NaFlexBatch, torch.Tensor]:
@@ -84,9 +88,7 @@ class BatchAugment:
         if train:
             if self.aa is not None:
                 x = torch.cat([self.aa(g) for g in x.split(self.aa_group)])
-            x = random_crop(x, self.crop_padding, generator)
-            if self.hflip:
-                x = random_hflip(x, generator)
+            x = self.crop_flip(x, generator)
         x = self.normalize(x)
         if train and self.mix is not None:
             x, y = self.mix(x, y)

@@ -104,17 +104,17 @@ class DataSplits:
             return self.with_train_fraction(fraction, seed).holding_out(holdout)
         if fraction >= 1:
             return self
-        idx = _per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))
-        return dataclasses.replace(self, train=self.train.subset(idx))
+        return dataclasses.replace(self, train=self.train.subset(self._fraction(fraction, seed)))
+
+    def _fraction(self, fraction: float, seed: int) -> torch.Tensor:
+        """The indices of ``with_train_fraction``'s images: ``round(fraction x its count)`` of each class."""
+        return _per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))
 
     def left_out(self, fraction: float, seed: int = 0) -> Any:
         """The training images ``with_train_fraction(fraction, seed)`` leaves out (none at 1)."""
-        keep = torch.zeros(len(self.train), dtype=torch.bool)
-        if fraction < 1:
-            keep[_per_class(self.train.labels, seed, lambda n: max(1, round(fraction * n)))] = True
-        else:
-            keep[:] = True
-        return self.train.subset((~keep).nonzero()[:, 0])
+        out = torch.ones(len(self.train), dtype=torch.bool)
+        out[self._fraction(fraction, seed) if fraction < 1 else slice(None)] = False
+        return self.train.subset(out.nonzero()[:, 0])
 
     def with_classes(self, names: list[str]) -> "DataSplits":
         """Only the images of the classes ``names`` (``--classes a,b,c``), relabelled 0..k-1 in the dataset's own

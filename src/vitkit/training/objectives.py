@@ -217,7 +217,6 @@ class Joint(Classify):
     def __init__(self, cfg: TrainConfig, augment: BatchAugment, pool: torch.Tensor | None = None) -> None:
         super().__init__(cfg, augment)
         self.pool = pool
-        self.note = ""
 
     def wrap(self, model: VisionTransformer) -> nn.Module:
         return build_ssl(model, ssl_settings(self.cfg), joint=True)
