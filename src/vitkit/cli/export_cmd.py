@@ -34,11 +34,7 @@ def hf_image_processor(pre: dict, config) -> dict:  # type: ignore[no-untyped-de
 
 
 def run(args: argparse.Namespace) -> int:
-    from safetensors.torch import save_file
-
-    from ..data.preprocess import naflex_note, preprocessing_of
-    from ..interop import load, to_hf, to_jax_npz, to_timm
-    from ..model.serialization import atomic_write
+    from ..interop import load
 
     if args.int8 and args.format != "onnx":
         raise ValueError("--int8 applies to --format onnx only")
@@ -47,37 +43,53 @@ def run(args: argparse.Namespace) -> int:
     if args.format != "hf" and not out.parent.is_dir():  # said before the export, not as a temporary file's name
         raise ValueError(f"--out {out}: the folder {out.parent} does not exist")
     model = load(args.checkpoint).eval()
+    if message := write_weights(model, args.format, out, opset=args.opset, atol=args.atol, int8=args.int8):
+        print(message)
+    print(f"wrote {out}")
+    return 0
+
+
+def write_weights(model, fmt: str, out: Path, opset: int = 18, atol: float = 1e-4,  # type: ignore[no-untyped-def]
+                  int8: bool = False) -> str | None:
+    """Write ``model`` to ``out`` in ``fmt`` (what ``vitkit export`` and ``vitkit push`` write); returns a line to
+    print about it (ONNX's measured difference to PyTorch), or None."""
+    from safetensors.torch import save_file
+
+    from ..data.preprocess import naflex_note, preprocessing_of
+    from ..interop import to_hf, to_jax_npz, to_timm
+    from ..model.serialization import atomic_write
+
     # what the weights cannot show, in the file's metadata: the config, and how inputs are prepared (mean, std,
     # resize + crop, class names), so every export is used as the checkpoint is
     meta = {"vitkit_config": json.dumps(model.config.to_dict()),
             "vitkit_preprocessing": json.dumps(preprocessing_of(model))}
-    if args.format in ("onnx", "timm", "hf", "jax") and (
-            note := naflex_note(preprocessing_of(model), model.config, f"the {args.format} export reads images",
+    if fmt in ("onnx", "timm", "hf", "jax") and (
+            note := naflex_note(preprocessing_of(model), model.config, f"the {fmt} export reads images",
                                 "`vitkit predict` and `vitkit eval` of the vitkit checkpoint run")):
         print(note)  # (their runtimes feed one image size; the safetensors export keeps the NaFlex budget)
-    if args.format == "safetensors":
+    if fmt == "safetensors":
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))
-    elif args.format == "timm":  # timm's layout has no head count or pooling: the config rides in the metadata
+    elif fmt == "timm":  # timm's layout has no head count or pooling: the config rides in the metadata
         state = to_timm(model)
         atomic_write(out, lambda p: save_file(state, str(p), metadata=meta))
-    elif args.format == "jax":
+    elif fmt == "jax":
         to_jax_npz(model, out)
-    elif args.format == "hf":
+    elif fmt == "hf":
         sd, cfg = to_hf(model)
         out.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         (out / "preprocessor_config.json").write_text(json.dumps(hf_image_processor(preprocessing_of(model),
                                                                                     model.config), indent=2))
-    elif args.format == "onnx":
+    elif fmt == "onnx":
         from ..serving.onnx import export_onnx
 
-        diff = export_onnx(model, out, opset=args.opset, atol=args.atol, int8=args.int8)
-        if args.int8:
-            print(f"int8 logits differ from PyTorch's fp32 by {diff:.1%} of their size on random images; the "
-                  f"accuracy on your data: vitkit eval --checkpoint {out}")
-        else:
-            print(f"onnxruntime max abs difference to PyTorch: {diff:.2e} (limit {args.atol:g})")
-    print(f"wrote {out}")
-    return 0
+        diff = export_onnx(model, out, opset=opset, atol=atol, int8=int8)
+        if int8:
+            return (f"int8 logits differ from PyTorch's fp32 by {diff:.1%} of their size on random images; the "
+                    f"accuracy on your data: vitkit eval --checkpoint {out}")
+        return f"onnxruntime max abs difference to PyTorch: {diff:.2e} (limit {atol:g})"
+    else:
+        raise ValueError(f"unknown format {fmt!r}; expected safetensors, onnx, timm, hf or jax")
+    return None

@@ -22,6 +22,8 @@ COMMANDS = {
                                "explanations, a self-supervised checkpoint's reconstructions"),
     "import": ("import_cmd", "convert timm / Hugging Face / JAX weights into a vitkit folder"),
     "export": ("export_cmd", "write a checkpoint as safetensors, ONNX, timm, Hugging Face or the official JAX .npz"),
+    "push": ("push", "put a run's weights on the Hugging Face Hub with a model card (loadable by vitkit, timm, "
+                     "transformers)"),
     "serve": ("serve", "browser demo: upload an image, see top-5 and the attention overlay"),
     "models": ("models_cmd", "list the model presets, or with --pretrained the pretrained weights vitkit can load"),
     "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "

@@ -107,7 +107,13 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
     embeddings, a new zero head), or give the size a file cannot tell (a non-square or absent position table);
     ``num_heads`` / ``pos_embed`` / ``layer_norm_eps`` state what the weights cannot show. ``architecture`` (a
     preset name, as a registry entry or a timm Hub folder's config.json gives it) states those for a timm file.
-    ``vitkit train --init`` and every ``--checkpoint`` go through here."""
+    ``vitkit train --init`` and every ``--checkpoint`` go through here; ``hf-hub:ORG/REPO`` fetches a Hub
+    repository first (a vitkit, timm or transformers one: what ``vitkit push`` writes is all three)."""
+    if isinstance(src, str) and src.startswith("hf-hub:") and not Path(src).exists():
+        from .pretrained import resolve  # (it loads through here)
+
+        src, found = resolve(src)
+        fmt = fmt or found
     p = Path(src)
     fmt = fmt or detect_format(p)
     if fmt == "vitkit":

@@ -55,8 +55,11 @@ def resolve(source: str, revision: str | None = None, progress: bool = True) -> 
     if repo.count("/") == 1 and not source.startswith((".", "/", "~")):
         config = hub_file(repo, "config.json", revision)
         weights = hub_file(repo, "model.safetensors", revision)
-        if json.loads(config.read_text()).get("model_type") == "vit":
+        meta = json.loads(config.read_text())
+        if meta.get("model_type") == "vit":
             return config.parent, "hf"  # transformers reads the snapshot folder: config.json beside the weights
+        if meta.get("library") == "vitkit":  # `vitkit push`'s: vitkit's folder (its config.json is timm's too)
+            return config.parent, "vitkit"
         return weights, "timm"
     raise FileNotFoundError(f"{source}: not a file or folder, a URL, a Hub id (ORG/REPO or hf-hub:ORG/REPO) or a "
                             "registered name (`vitkit models --pretrained`)")
