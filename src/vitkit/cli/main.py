@@ -29,6 +29,8 @@ COMMANDS = {
     "reproduce": ("reproduce", "the paper's claims at laptop scale: data size, position embeddings, transfer, "
                                "patch size, self-supervision"),
     "shard": ("shard_cmd", "write a folder or zip of images as WebDataset shards (--dataset shards reads them)"),
+    "tune": ("tune_cmd", "hyper-parameter search on Optuna: each trial a `vitkit train` run, validated on held-out "
+                         "training images, pruned by the median; the study in a database, resumable and shared"),
     "calibrate": ("calibrate", "time the candidates for every `auto` setting on this machine, print the plan, refresh "
                                "the cache"),
     "bench": ("bench", "throughput against timm / Hugging Face / torchvision, and the machine's ceiling"),

@@ -285,7 +285,8 @@ def _command(args: argparse.Namespace) -> str:
     return "vitkit pretrain" if getattr(args, "objective", "classify") not in (None, "classify") else "vitkit train"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, on_epoch: Any = None) -> int:
+    """``on_epoch(trainer, row)``: called after each epoch with its metrics row (``vitkit tune``)."""
     start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
 
@@ -350,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),
-                      log=lambda s: print(s, flush=True), plan_=the_plan, pool=pool)
+                      log=lambda s: print(s, flush=True), plan_=the_plan, pool=pool, on_epoch=on_epoch)
     final = trainer.objective.final  # the final line's measure: top-1, or a self-supervised objective's own
     received: list[float] = []  # when the stop was asked
     signals: list[int] = []

@@ -112,7 +112,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, data: DataSplits | None = None, log: Callable[[str], None] = print,
                  start_time: float | None = None, progress: bool = True, plan_: Plan | None = None,
-                 pool: torch.Tensor | None = None) -> None:
+                 pool: torch.Tensor | None = None,
+                 on_epoch: Callable[["Trainer", dict[str, Any]], None] | None = None) -> None:
+        self.on_epoch = on_epoch  # called with each epoch's metrics row (`vitkit tune` reports and prunes there)
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
         self.data = for_run(cfg, data or build_data(cfg))
         # --semi: the images MAE learns from beside the labels (``pool``: read already), read or refused before
@@ -815,6 +817,8 @@ class Trainer:
         self.runlog.epoch(row)
         if self.is_main:
             self.log(f"{said} ({img_s:.0f} img/s, {self.elapsed():.0f}s)")
+        if self.on_epoch is not None:
+            self.on_epoch(self, row)
 
 
 def _check_same_classes(ckpt: Path, classes: list[str], run_dir: Path) -> None:
