@@ -183,6 +183,7 @@ class Trainer:
         self.save_spent = [0.0, 0]  # seconds spent writing last/ at epoch ends, and the epoch ends they spread over
         self._said_at = time.time()  # the last progress line (for a log that is not a terminal)
         self.out = Path(cfg.output) if cfg.output else None
+        self._check_ranks_agree(cfg)
         if cfg.resume:
             self._resume(Path(cfg.resume))
         self.runlog = RunLog(self.out, self.is_main, log)
@@ -271,6 +272,24 @@ class Trainer:
                      "would have drawn (not bit for bit as an uninterrupted run)")
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
+
+    def _check_ranks_agree(self, cfg: TrainConfig) -> None:
+        """Every process starts where rank 0 does. Each reads last/ from its own disk (after torchrun restarts the
+        group too): nodes that do not share the --output folder would resume on one and start afresh on another,
+        training one model from two states."""
+        if self.world == 1:
+            return
+        found = None
+        if cfg.resume:
+            run = Path(cfg.resume)
+            found = str(run.resolve()) if any((run / n).is_dir() for n in ("last", ".last.old")) else None
+        where = gather_objects((bool(cfg.resume), found))
+        if len({(asked, bool(d)) for asked, d in where}) > 1:  # (not the paths: nodes may mount one folder at two)
+            said = "; ".join(f"rank {r} " + (f"resumes {d}/last" if d else "finds no last/ checkpoint" if asked
+                                             else "starts afresh") for r, (asked, d) in enumerate(where))
+            raise ValueError(f"the processes do not agree where the run stands ({said}): every process reads the "
+                             "run folder, so --output (and a --resume folder) must be one that every node sees, on "
+                             "a shared filesystem, at the same path")
 
     def _set_rng_state(self, s: dict[str, Any]) -> None:
         """Each rank continues from its own random state; with another number of processes than saved, each draws
