@@ -152,3 +152,31 @@ def test_no_hub_to_reach_is_one_line(run_dir, tmp_path):
     r = run_vitkit("push", str(run_dir), "--repo", "me/x", "--formats", "hf", env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"could not reach the Hub at http://127.0.0.1:{port}" in r.stderr and "nothing was pushed" in r.stderr
+
+
+def test_a_model_transformers_cannot_hold_is_pushed_without_hf_and_timm_builds_it_from_the_config(tmp_path, capsys):
+    """A GAP model (no class token): transformers' ViT has no such model, so hf/ is skipped with the reason and the
+    card says so; timm's VisionTransformer, built from the pushed config.json's keys alone, loads the weights
+    strictly and gives vitkit's logits. A checkpoint folder outside a run pushes without a training section."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import load_file
+
+    import vitkit
+
+    model = vitkit.create_model("vit_nano_patch2_8", pool="gap", num_classes=3, img_size=8).eval()
+    vitkit.save_pretrained(model, tmp_path / "ckpt", class_names=["a", "b", "c"])
+    out = tmp_path / "repo"
+    assert main(["push", str(tmp_path / "ckpt"), "--repo", "me/gap", "--out", str(out), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "skipped hf: Hugging Face ViT has only the class-token" in said and not (out / "hf").exists()
+    card = (out / "README.md").read_text()
+    assert "transformers: no equivalent (Hugging Face ViT has only the class-token" in card
+    assert "## Training" not in card and "## Results" not in card and "subfolder" not in card
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["library"] == "vitkit" and cfg["label_names"] == ["a", "b", "c"]
+    net = timm.create_model(cfg["architecture"], pretrained=False, **cfg["model_args"]).eval()
+    net.load_state_dict(load_file(str(out / "model.safetensors")))  # strict: every key, every shape
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), model(x), atol=1e-5, rtol=1e-5)
+    assert cfg["pretrained_cfg"]["input_size"] == [1, 8, 8] and cfg["pretrained_cfg"]["num_classes"] == 3

@@ -127,7 +127,7 @@ def stage(ckpt: Path, run: Path | None, which: str, repo_id: str, out: Path, for
                 raise ValueError(f"--formats {fmt}: {e}") from e
             print(f"skipped {fmt}: {e}")
             if fmt == "hf":
-                hf_why_not = str(e).split(":")[0] if len(str(e)) > 120 else str(e)
+                hf_why_not = str(e)
             continue
         if fmt == "hf":
             hf_why_not = None

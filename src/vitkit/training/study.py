@@ -12,7 +12,6 @@ from typing import Any
 
 from .config import TrainConfig
 
-DEFAULT_SPACE = ("lr=x0.25..x4:log", "weight_decay=x0.2..x5:log")
 # fields that are no hyper-parameter: where the data is, where the run goes, how it is run
 NOT_SEARCHED = {"dataset", "data_dir", "output", "resume", "cache_dir", "device", "threads", "download", "init",
                 "recipe", "unlabeled", "time_limit", "holdout", "train_fraction", "classes", "model_args",
