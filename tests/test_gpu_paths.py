@@ -364,7 +364,7 @@ def test_a_run_that_decides_its_settings_on_its_first_steps_does_so_on_a_gpu(tmp
         k: p.chosen[k] for k in ("precision", "attention")}
 
 
-@pytest.mark.parametrize("step", ["imagenet-augmentation", "fp16", "ema-clip", "muon-fp16"])
+@pytest.mark.parametrize("step", ["imagenet-augmentation", "fp16", "ema-clip", "muon-fp16", "fixmatch"])
 def test_the_recipes_gpu_steps_run_played_with_their_waits_counted(tmp_path, step, gpu):
     """Issue 80: the played GPU could not run what a GPU runs: torchvision's MixUp/CutMix (F.one_hot's scratch
     tensor was the CPU's: "same device" at scatter_), fp16's GradScaler (``copy=`` refused), and it counted copies
@@ -375,16 +375,21 @@ def test_the_recipes_gpu_steps_run_played_with_their_waits_counted(tmp_path, ste
     extra = {"imagenet-augmentation": dict(aa="rand", mixup=0.8, cutmix=1.0, smoothing=0.1),
              "fp16": dict(precision="fp16"),
              "ema-clip": dict(model_ema=True, clip_grad=1.0),
-             "muon-fp16": dict(opt="muon", precision="fp16")}[step]
+             "muon-fp16": dict(opt="muon", precision="fp16"),
+             "fixmatch": dict(semi="fixmatch", train_fraction=0.5)}[step]
     t = Trainer(gpu_config(tmp_path, batch_size=32, output=None, **extra), **QUIET)
     if gpu is not None:
         gpu.reset()
     loss, _ = t.train_epoch()
-    assert t.step == 44 and math.isfinite(loss)
+    assert t.step == (22 if step == "fixmatch" else 44) and math.isfinite(loss)  # (fixmatch: half the labels)
     if gpu is not None:
         assert gpu.counts["host_to_device"] <= 1 and gpu.counts["device_to_host"] == 0, dict(gpu.counts)
         reads = gpu.counts["device_reads"]
         if step == "imagenet-augmentation":  # (autocontrast, at most twice a step: RandAugment's two ops)
             assert reads <= math.ceil(t.step / READ_LOSS_EVERY) + 1 + 2 * t.step, dict(gpu.counts)
+        elif step == "fixmatch":  # the strong views' RandAugment: two ops for each group of 8 unlabelled images
+            groups = math.ceil(32 / t.augment.aa_group)
+            assert reads <= math.ceil(t.step / READ_LOSS_EVERY) + 1 + 2 * groups * t.step, dict(gpu.counts)
+            assert t.objective.confident_share() is not None  # kept on the device, read at the epoch's end
         else:
             assert reads <= math.ceil(t.step / READ_LOSS_EVERY) + 1, dict(gpu.counts)

@@ -164,3 +164,67 @@ def test_the_joint_step_is_one_compiled_graph():
     u = t.objective.unlabelled(x, g)
     e = torch._dynamo.explain(t.module)(x, u, noise=draw_noise(t.module, u, g))
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+
+
+# --semi fixmatch (Sohn et al., NeurIPS 2020)
+
+def test_the_fixmatch_loss_is_the_labelled_cross_entropy_plus_the_confident_pseudo_labels_by_hand():
+    """The objective's loss against one computed here: pseudo-labels are the argmax of the model's softmax on the weak
+    views; only those at or above the threshold count, averaged over every unlabelled image (FixMatch's Eq. 4), and
+    their targets train the strong views. The model is a fixed function of the image so the draws do not matter."""
+    t = Trainer(TrainConfig(**FAST, semi="fixmatch", semi_threshold=0.6, unlabeled_ratio=2, train_fraction=0.2),
+                log=lambda s: None, progress=False)
+    assert t.objective.weight == 1.0  # FixMatch's lambda_u when --semi-weight is not given
+    w = torch.randn(64, 10) * 3
+
+    def fwd(x):  # a linear classifier of the pixels: confident on some images, not on others
+        return x.flatten(1) @ w
+
+    views = {}
+    t.augment.weak = lambda u, g=None: views.setdefault("weak", torch.randn(len(u), 1, 8, 8))
+    t.augment.strong = lambda u, g=None: views.setdefault("strong", torch.randn(len(u), 1, 8, 8))
+    x, target = torch.randn(8, 1, 8, 8), torch.randint(10, (8,))
+    loss = t.objective.loss(fwd, x, target, torch.Generator().manual_seed(0))
+    p = F.softmax(fwd(views["weak"]), -1)
+    confident = p.max(-1).values >= 0.6
+    assert 0 < int(confident.sum()) < 16  # the case is one where the threshold decides
+    per_image = F.cross_entropy(fwd(views["strong"]), p.argmax(-1), reduction="none")
+    want = F.cross_entropy(fwd(x), target, label_smoothing=t.cfg.smoothing) + (per_image * confident).sum() / 16
+    torch.testing.assert_close(loss, want)
+    assert t.objective.confident_share() == pytest.approx(float(confident.float().mean()))
+    assert t.objective.confident_share() is None  # read: the count starts again
+
+
+def test_the_strong_view_is_randaugment_and_cutout_of_the_weak_crop():
+    from vitkit.data.augment import BatchAugment, cutout
+
+    x = torch.zeros(64, 3, 32, 32, dtype=torch.uint8)
+    cut = cutout(x, torch.Generator().manual_seed(0))
+    grey = (cut == 127).all(1)  # one square an image, the three channels alike
+    sides = grey.sum((1, 2)).float().sqrt()
+    assert (sides <= 16.0 + 1e-6).all() and (grey.flatten(1).any(1)).float().mean() > 0.8
+    rows, cols = grey.any(2), grey.any(1)  # a square (cut by the border, a rectangle): rows x cols pixels
+    assert torch.equal(grey.sum((1, 2)), rows.sum(1) * cols.sum(1))
+    aug = BatchAugment([0.5] * 3, [0.25] * 3, (32, 32), 10)
+    photos = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    weak, strong = aug.weak(photos), aug.strong(photos, torch.Generator().manual_seed(1))
+    assert strong.shape == weak.shape == (16, 3, 32, 32) and strong.dtype == torch.float32
+    assert not torch.allclose(weak, strong)
+
+
+def test_a_fixmatch_run_logs_its_confident_share_and_saves_a_plain_classifier(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--semi", "fixmatch", "--semi-threshold", "1e-6", "--train-fraction", "0.2", "--epochs", "2",
+                 "-b", "32", "--output", str(run), "--compile", "false"]) == 0
+    out = capsys.readouterr().out
+    assert "--semi fixmatch: pseudo-labels of weakly augmented images where the model's softmax reaches 1e-06" in out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["confident_share"] for r in rows] == [1.0, 1.0]  # every softmax reaches 1e-6
+    from safetensors import safe_open
+
+    with safe_open(str(run / "best" / "model.safetensors"), "pt") as f:
+        assert not any("decoder" in k for k in f.keys())  # nothing beside the classifier
+    with pytest.raises(ValueError, match="semi_threshold must be > 0"):
+        TrainConfig(semi="fixmatch", semi_threshold=0)
+    with pytest.raises(ValueError, match="its strong augmentation works on images of one size"):
+        TrainConfig(semi="fixmatch", naflex=True, dataset="folder", data_dir=str(tmp_path))

@@ -31,12 +31,15 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--holdout",): ("holdout", float, "validate on this class-balanced share of the training images (after "
                                        "--train-fraction) instead of the dataset's val/test split, which is then "
                                        "not read: for choosing settings without the test set"),
-    ("--semi",): ("semi", str, "learn from the images without labels too: joint (MAE's loss beside the classifier's, "
-                              "on the training images --train-fraction leaves out and the labelled ones; Das et al. "
-                              "2024)"),
+    ("--semi",): ("semi", str, "learn from the images without labels too (the training images --train-fraction "
+                              "leaves out, --unlabeled's, and the labelled ones): joint (MAE's loss beside the "
+                              "classifier's; Das et al. 2024) or fixmatch (confident pseudo-labels of weakly "
+                              "augmented images train their strongly augmented views; Sohn et al. 2020)"),
     ("--unlabeled",): ("unlabeled", str, "--semi: a folder or zip of more images without labels (class folders "
                                          "ignored; of a train/ and test/ layout, train/ alone)"),
-    ("--semi-weight",): ("semi_weight", float, "--semi joint: the MAE loss's weight beside the cross-entropy (0.5)"),
+    ("--semi-weight",): ("semi_weight", float, "--semi: the unlabelled loss's weight beside the cross-entropy (joint "
+                                               "0.5, fixmatch 1)"),
+    ("--semi-threshold",): ("semi_threshold", float, "--semi fixmatch: the softmax a pseudo-label needs (0.95)"),
     ("--unlabeled-ratio",): ("unlabeled_ratio", int, "--semi: unlabelled images a step per labelled one (1)"),
     ("-b", "--batch-size"): ("batch_size", int, "batch size per process"),
     ("--grad-accum",): ("grad_accum", int, "micro-batches per optimizer step"),

@@ -32,6 +32,23 @@ def random_hflip(x: torch.Tensor, generator: torch.Generator | None = None) -> t
 
 
 
+# RandAugment magnitudes the strong view draws from (torchvision's scale: 31 steps, 30 the strongest)
+STRONG_MAGNITUDES = (3, 9, 15, 21, 27)
+
+
+def cutout(x: torch.Tensor, generator: torch.Generator | None = None, fill: int = 127) -> torch.Tensor:
+    """DeVries & Taylor's Cutout as FixMatch uses it: in each image a square of side up to half the image's shorter
+    side, centred anywhere (cut off at the borders), set to grey."""
+    n, _, h, w = x.shape
+    side, cy, cx = draw(torch.rand, 3, n, generator=generator, on=x.device)
+    half = side * min(h, w) / 4  # (side x 0.5 x min(h, w)) / 2
+    ys = torch.arange(h, device=x.device).view(1, h, 1)
+    xs = torch.arange(w, device=x.device).view(1, 1, w)
+    inside = ((ys - cy.view(-1, 1, 1) * h).abs() < half.view(-1, 1, 1)) & \
+        ((xs - cx.view(-1, 1, 1) * w).abs() < half.view(-1, 1, 1))
+    return x.masked_fill(inside[:, None], fill)
+
+
 class BatchAugment:
     """uint8 batch -> normalised float batch (and soft targets when MixUp/CutMix are on).
 
@@ -72,6 +89,18 @@ class BatchAugment:
         """The training crop (with ``crop_padding``) and, with ``hflip``, the flip of a uint8 batch."""
         x = random_crop(x, self.crop_padding, generator)
         return random_hflip(x, generator) if self.hflip else x
+
+    def strong(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 -> standardised float, FixMatch's strong view (Sohn et al. 2020, its RandAugment variant): two
+        RandAugment operations at a magnitude drawn for each group of ``aa_group`` images, the training crop and
+        flip, then Cutout (a grey square of up to half the image's side)."""
+        if not hasattr(self, "_strong"):  # (built on first use: only --semi fixmatch asks)
+            self._strong = [v2.RandAugment(num_ops=2, magnitude=m) for m in STRONG_MAGNITUDES]
+        groups = x.split(self.aa_group)
+        # (the host's generator, as RandAugment's own draws: a choice read on the host, no wait for a device)
+        which = torch.randint(len(self._strong), (len(groups),)).tolist()
+        x = torch.cat([self._strong[k](g) for k, g in zip(which, groups)])
+        return self.normalize(cutout(self.crop_flip(x, generator), generator))
 
     def weak(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """uint8 -> standardised float, cropped and flipped as training does, nothing else (MAE's augmentation)."""

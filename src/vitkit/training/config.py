@@ -29,7 +29,8 @@ DECODES = ("auto", "workers", "device")  # where streamed JPEGs are decoded
 # as one graph, for the launch-bound small steps of a GPU); compile: true is the default mode
 COMPILE_MODES = ("reduce-overhead",)
 OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
-SEMI = (None, "joint")  # with the labels, what the unlabelled images are learnt by (training/objectives.py, Joint)
+SEMI = (None, "joint", "fixmatch")  # with the labels, what the unlabelled images are learnt by (training/objectives.py)
+SEMI_WEIGHT = {"joint": 0.5, "fixmatch": 1.0}  # each one's own loss weight when semi_weight is not given
 
 
 @dataclass
@@ -92,7 +93,11 @@ class TrainConfig:
     # unlabelled images: with --train-fraction, the training split's images left out of it, and the labelled ones
     semi: str | None = None
     unlabeled: str | None = None  # a folder or zip of more images without labels (class folders, if any, ignored)
-    semi_weight: float = 0.5  # the MAE loss's weight beside the classifier's cross-entropy (weight 1)
+    # fixmatch (Sohn et al., NeurIPS 2020): the classifier's own confident predictions on weakly augmented unlabelled
+    # images (softmax >= semi_threshold) are the targets of their strongly augmented views
+    semi_weight: float | None = None  # the unlabelled loss's weight beside the labelled cross-entropy (weight 1):
+    # SEMI_WEIGHT's when not given (joint 0.5, fixmatch 1: FixMatch's lambda_u)
+    semi_threshold: float = 0.95  # fixmatch: the confidence a pseudo-label needs (FixMatch's tau)
     unlabeled_ratio: int = 1  # unlabelled images a step per labelled one
     # optimisation
     epochs: int = 30
@@ -202,20 +207,22 @@ class TrainConfig:
                 ("mixup", 0, None, False, False), ("cutmix", 0, None, False, False),
                 ("model_ema_decay", 0, 1, True, True), ("mask_ratio", 0, 1, True, True), ("blr", 0, None, True, False),
                 ("adam_beta2", 0, 1, False, True), ("layer_decay", 0, 1, True, False),
-                ("semi_weight", 0, None, False, False)):
+                ("semi_weight", 0, None, False, False), ("semi_threshold", 0, 1, True, False)):
             check_range("train config", k, getattr(self, k), lo, hi, lo_open, hi_open)
         self._check_naflex()
         if self.semi and self.objective != "classify":
             raise ValueError(f"semi {self.semi}: learns a classifier from labelled and unlabelled images; "
                              f"{self.objective} pre-trains on images alone (vitkit pretrain)")
         if self.unlabeled and not self.semi:
-            raise ValueError(f"unlabeled {self.unlabeled}: images without labels are learnt from by --semi joint; "
-                             "give it (or leave --unlabeled out)")
+            raise ValueError(f"unlabeled {self.unlabeled}: images without labels are learnt from by --semi joint or "
+                             "fixmatch; give one (or leave --unlabeled out)")
         if self.semi and self.freeze_body:
-            raise ValueError(f"semi {self.semi} teaches the encoder by MAE's loss, and freeze_body trains the head "
-                             "alone: one or the other")
+            raise ValueError(f"semi {self.semi} teaches the encoder from the unlabelled images, and freeze_body trains "
+                             "the head alone: one or the other")
         if self.semi and self.naflex:
-            raise ValueError(f"semi {self.semi}: MAE masks a fixed grid of patches; not with naflex")
+            raise ValueError(f"semi {self.semi}: " + ("MAE masks a fixed grid of patches" if self.semi == "joint" else
+                                                      "its strong augmentation works on images of one size")
+                             + "; not with naflex")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"time_limit must be more than 0 minutes (leave it out for no limit), got "
                              f"{self.time_limit:g}")

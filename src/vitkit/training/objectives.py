@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..data.augment import BatchAugment, batches
 from ..model.ssl import (SSL_CONFIG, SSL_WEIGHTS, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl,
@@ -23,7 +24,7 @@ from ..interop.mae import from_hf_mae, is_hf_mae
 from ..model.draws import draw
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
-from .config import OBJECTIVES, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
+from .config import OBJECTIVES, SEMI_WEIGHT, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
 from .evaluate import evaluate
 
 SSL_SEED = 1234  # the masks an evaluation draws: the same every epoch, so its losses compare
@@ -206,42 +207,87 @@ class SelfSupervised(Classify):
         return f"val_colour_top1={best:.2f}" if self.metric == "val_top1" else f"val_loss={-best:.4f}"
 
 
-class Joint(Classify):
-    """``--semi joint``: the classifier's cross-entropy on the labelled batch plus ``semi_weight`` times MAE's loss on
-    ``unlabeled_ratio`` times as many images drawn from ``pool`` (the unlabelled images and the labelled ones, uint8),
-    cropped and flipped as the labelled are (MAE's own augmentation: no RandAugment, no MixUp), in one step through
-    one module (model/ssl.JointMAE). Das et al. (WACV 2024) train MAE as such an auxiliary task on the labelled images
-    alone; the unlabelled ones are what this run has beyond theirs. Without a pool (the planner's probe of a streamed
-    split), the labelled batch stands in for it: the same shapes and work."""
+class WithPool(Classify):
+    """An objective that learns from unlabelled images beside the labelled batch: ``unlabeled_ratio`` times as many
+    drawn each step from ``pool`` (the unlabelled images and the labelled ones, uint8). Without a pool (the planner's
+    probe of a streamed split), the labelled batch stands in for it: the same shapes and work."""
 
     def __init__(self, cfg: TrainConfig, augment: BatchAugment, pool: torch.Tensor | None = None) -> None:
         super().__init__(cfg, augment)
         self.pool = pool
+        self.weight = cfg.semi_weight if cfg.semi_weight is not None else SEMI_WEIGHT[cfg.semi]  # type: ignore
+
+    def draw_pool(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+        """``unlabeled_ratio`` x len(x) uint8 images of the pool on ``x``'s device (None without a pool)."""
+        if self.pool is None:
+            return None
+        idx = draw(torch.randint, len(self.pool), (len(x) * self.cfg.unlabeled_ratio,), generator=generator,
+                   on=x.device)
+        return self.pool[idx.to(self.pool.device)].to(x.device, non_blocking=True)
+
+    def stand_in(self, x: torch.Tensor) -> torch.Tensor:
+        return x.repeat(self.cfg.unlabeled_ratio, *[1] * (x.dim() - 1))
+
+
+class Joint(WithPool):
+    """``--semi joint``: the classifier's cross-entropy on the labelled batch plus ``semi_weight`` times MAE's loss on
+    the unlabelled images, cropped and flipped as the labelled are (MAE's own augmentation: no RandAugment, no MixUp),
+    in one step through one module (model/ssl.JointMAE). Das et al. (WACV 2024) train MAE as such an auxiliary task on
+    the labelled images alone; the unlabelled ones are what this run has beyond theirs."""
 
     def wrap(self, model: VisionTransformer) -> nn.Module:
         return build_ssl(model, ssl_settings(self.cfg), joint=True)
 
     def unlabelled(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """``unlabeled_ratio`` x len(x) images of the pool, augmented and standardised, on ``x``'s device."""
-        n = len(x) * self.cfg.unlabeled_ratio
-        if self.pool is None:
-            return x.repeat(self.cfg.unlabeled_ratio, *[1] * (x.dim() - 1))
-        idx = draw(torch.randint, len(self.pool), (n,), generator=generator, on=x.device)
-        u = self.pool[idx.to(self.pool.device)].to(x.device, non_blocking=True)
-        return self.augment.weak(u, generator)
+        """The pool's images, augmented and standardised, on ``x``'s device."""
+        u = self.draw_pool(x, generator)
+        return self.stand_in(x) if u is None else self.augment.weak(u, generator)
 
     def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
              generator: torch.Generator | None = None) -> torch.Tensor:
         u = self.unlabelled(x, generator)
         noise = draw_noise(fwd, u, generator)  # (outside the maybe compiled step, as MAE's)
         logits, out = fwd(x, u, noise=noise)
-        return self.criterion(logits, target) + self.cfg.semi_weight * out.loss
+        return self.criterion(logits, target) + self.weight * out.loss
+
+
+class FixMatch(WithPool):
+    """``--semi fixmatch`` (Sohn et al., NeurIPS 2020): the model's prediction on a weakly augmented unlabelled image
+    (the training crop and flip), where its softmax reaches ``semi_threshold``, is the hard target of the same image
+    strongly augmented (RandAugment and Cutout); the loss is the labelled cross-entropy plus ``semi_weight`` times that
+    cross-entropy averaged over all the unlabelled images (the unconfident ones count as zero, as in the paper). The
+    pseudo-labels come from a forward without gradients; the labelled and the strong views go through one forward.
+
+    ``confident_share()``: the share of the unlabelled images since it was last asked whose pseudo-label was
+    confident enough (kept on the device as the steps go: read once an epoch, one sync)."""
+
+    confident: list[torch.Tensor] | None = None
+
+    def confident_share(self) -> float | None:
+        if not self.confident:
+            return None
+        share, self.confident = float(torch.stack(self.confident).mean()), []
+        return share
+
+    def loss(self, fwd: Callable[..., Any], x: torch.Tensor, target: torch.Tensor,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        u = self.draw_pool(x, generator)
+        weak, strong = (self.stand_in(x), self.stand_in(x)) if u is None else \
+            (self.augment.weak(u, generator), self.augment.strong(u, generator))
+        with torch.no_grad():
+            confidence, pseudo = fwd(weak).float().softmax(-1).max(-1)
+            confident = (confidence >= self.cfg.semi_threshold).float()
+        logits = fwd(torch.cat([x, strong]))
+        unlabelled = F.cross_entropy(logits[len(x):].float(), pseudo, reduction="none")
+        self.confident = (self.confident or []) + [confident.mean()]
+        return self.criterion(logits[:len(x)], target) + self.weight * (unlabelled * confident).mean()
 
 
 def objective_for(cfg: TrainConfig, augment: BatchAugment, pool: torch.Tensor | None = None) -> Classify:
     if cfg.objective != "classify":
         return SelfSupervised(cfg, augment)
-    return Joint(cfg, augment, pool) if cfg.semi == "joint" else Classify(cfg, augment)
+    return {"joint": Joint, "fixmatch": FixMatch}[cfg.semi](cfg, augment, pool) if cfg.semi else \
+        Classify(cfg, augment)
 
 
 def is_ssl(module: nn.Module) -> bool:

@@ -701,12 +701,18 @@ class Trainer:
                 self.log("mpp on one channel: 8 gray levels (3 bits) are the colour classes, not the paper's 512 "
                          "colours of 3 channels")
         if cfg.semi and self.pool is not None:
-            parts = sum(p.numel() for n, p in self.module.named_parameters() if not n.startswith("encoder."))
             rest = len(self.pool) - len(self.data.train)
-            self.log(f"--semi {cfg.semi}: MAE's loss (weight {cfg.semi_weight:g}, mask ratio "
-                     f"{self.module.mask_ratio:g}, a decoder of {parts:,} parameters) beside the cross-entropy, on "
-                     f"{cfg.unlabeled_ratio} image{'s' if cfg.unlabeled_ratio > 1 else ''} a labelled one drawn "
-                     f"from {len(self.pool):,}: {rest:,} unlabelled and the {len(self.data.train):,} labelled")
+            weight = self.objective.weight  # type: ignore[attr-defined]
+            if cfg.semi == "joint":
+                parts = sum(p.numel() for n, p in self.module.named_parameters() if not n.startswith("encoder."))
+                how = (f"MAE's loss (weight {weight:g}, mask ratio {self.module.mask_ratio:g}, a decoder of "
+                       f"{parts:,} parameters) beside the cross-entropy")
+            else:
+                how = (f"pseudo-labels of weakly augmented images where the model's softmax reaches "
+                       f"{cfg.semi_threshold:g} train their strongly augmented views (weight {weight:g})")
+            self.log(f"--semi {cfg.semi}: {how}, on {cfg.unlabeled_ratio} image{'s' if cfg.unlabeled_ratio > 1 else ''}"
+                     f" a labelled one drawn from {len(self.pool):,}: {rest:,} unlabelled and the "
+                     f"{len(self.data.train):,} labelled")
         for key, what in (("muon_stem", "the stem's filters"), ("muon_embed", "the patch embedding")):
             if getattr(cfg, key) and cfg.opt != "muon":  # the recipes set them with opt muon; a user's --opt wins
                 self.log(f"{key} has no effect with --opt {cfg.opt}: it puts {what} under Muon")
@@ -828,6 +834,9 @@ class Trainer:
         if metrics is not None:
             row.update(self.objective.row(metrics))
             said += self.objective.said(metrics)
+        if (share := getattr(self.objective, "confident_share", lambda: None)()) is not None:  # --semi fixmatch
+            row["confident_share"] = round(share, 4)
+            said += f", {share:.0%} pseudo-labels confident"
         skipped = getattr(self.data.train, "skipped_in_training", 0) + getattr(self.data.val, "skipped_in_training", 0)
         if skipped:  # listed, then did not decode in a worker (--skip-bad-images): counted, as the run goes
             row["skipped_images"] = skipped
