@@ -233,3 +233,23 @@ def test_each_runs_command_is_the_vitkit_train_command_of_its_settings_and_no_cl
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert "cli" not in (node.module or "").split("."), f"{f.name} imports {node.module}"
+
+
+@pytest.mark.long
+def test_self_supervision_sets_both_semi_supervised_arms_against_the_default(cifar_like, tmp_path, capsys):
+    """Issue 83: the claim gains the two one-run arms, each the default's command with --semi, the same labels, the
+    same total time, two seeds at the judged share; the verdict compares each with the default."""
+    out = tmp_path / "ss"
+    assert main(["reproduce", "self-supervision", "--quick", "--data-dir", str(cifar_like), "--out", str(out),
+                 "--runs", "default-10pct,joint-10pct,fixmatch-10pct"]) == 0
+    rows = {r["run"]: r for r in _rows(out)}
+    assert sorted(rows) == [f"{arm}-10pct-seed{s}" for arm in ("default", "fixmatch", "joint") for s in (0, 1)]
+    for s in (0, 1):
+        default = rows[f"default-10pct-seed{s}"]["command"]
+        for arm in ("joint", "fixmatch"):
+            assert rows[f"{arm}-10pct-seed{s}"]["command"] == default.replace(" --seed", f" --semi {arm} --seed") \
+                or rows[f"{arm}-10pct-seed{s}"]["command"] == f"{default} --semi {arm}", (default, arm)
+            assert rows[f"{arm}-10pct-seed{s}"]["train_images"] == rows[f"default-10pct-seed{s}"]["train_images"]
+    text = (out / "summary.md").read_text()
+    assert "--semi joint (MAE's loss beside the labels)" in text and "--semi fixmatch (confident pseudo-labels)" in text
+    assert "over the default; 2 seeds" in text

@@ -130,7 +130,8 @@ def test_two_processes_share_one_study(tmp_path):
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
     study = optuna.load_study(study_name="vitkit", storage=f"sqlite:///{tmp_path / 'shared.db'}")
-    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]  # (a 4th may be pruned at epoch 2)
     assert 4 <= len(done) <= 5  # each process stops once 4 are finished (one may have started its last by then)
-    assert all(any(f"trial {t.number}:" in log for log in logs) for t in done)
-    assert all((out / f"trial-{t.number:03d}" / "best").is_dir() for t in done)
+    assert len({t.number for t in done}) == len(done)
+    assert all(sum(f"trial {t.number}:" in log for log in logs) == 1 for t in done)  # each run by one process
+    assert all((out / f"trial-{t.number:03d}" / "last").is_dir() for t in done)

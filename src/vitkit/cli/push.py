@@ -14,6 +14,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 FORMATS = ("hf", "onnx", "jax")
 
@@ -51,31 +52,42 @@ def checkpoint_of(run: Path, which: str) -> tuple[Path, Path | None, str]:
 
 
 def run_facts(ckpt: Path, run: Path | None, which: str):  # type: ignore[no-untyped-def]
-    """What the run folder says about the weights (interop.card.RunFacts)."""
+    """What the run folder says about the weights (interop.card.RunFacts); a file that does not read as what it
+    should be is left out of the card, with a line saying so (the weights are what is pushed)."""
     import yaml
 
     from ..interop.card import RunFacts
 
+    def mapping(path: Path, parse: Any, what: str) -> dict[str, Any]:
+        if not path.is_file():
+            return {}
+        try:
+            value = parse(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
+            print(f"{path}: not read ({type(e).__name__}); the card goes without {what}")
+            return {}
+        if not isinstance(value, dict):
+            print(f"{path}: not a mapping; the card goes without {what}")
+            return {}
+        return value
+
     f = RunFacts(which=which)
+    f.evaluated = mapping(ckpt / "eval" / "eval.json", json.loads, "the evaluation")
     if run is None:
         return f
-    if (p := run / "config.yaml").is_file():
-        f.config = yaml.safe_load(p.read_text()) or {}
-    if (p := run / "plan.json").is_file():
-        f.plan = json.loads(p.read_text())
+    f.config = mapping(run / "config.yaml", yaml.safe_load, "the training settings")
+    f.plan = mapping(run / "plan.json", json.loads, "the plan")
     lines = []
     if (p := run / "metrics.jsonl").is_file():
-        for line in p.read_text().splitlines():
+        for line in p.read_text(errors="replace").splitlines():
             try:
                 lines.append(json.loads(line))
             except ValueError:  # a line cut by a kill: the others still count
                 continue
-    scored = [m for m in lines if isinstance(m, dict) and m.get("val_top1") is not None]
+    scored = [m for m in lines if isinstance(m, dict) and isinstance(m.get("val_top1"), (int, float))]
     if scored:
         f.last = scored[-1]
         f.best = max(scored, key=lambda m: m["val_top1"]) if which == "best" else scored[-1]
-    if (p := ckpt / "eval" / "eval.json").is_file():
-        f.evaluated = json.loads(p.read_text())
     f.curves = (run / "curves.png").is_file()
     return f
 
@@ -196,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="vitkit-push-"))
     try:
         files = stage(ckpt, run_dir, which, args.repo, out, formats, asked)
-        print(f"wrote {len(files)} files for {args.repo} in {out}: {', '.join(files)}")
+        print(f"wrote {len(files)} files for {args.repo}" + (f" in {out}" if args.out else "") + f": {', '.join(files)}")
         if args.dry_run:
             print("--dry-run: nothing uploaded; the card is README.md")
             return 0

@@ -57,6 +57,7 @@ def _refusals(args: argparse.Namespace) -> str | None:
 
 
 def _storage(url: str) -> Any:
+    import time
     import warnings
 
     import optuna
@@ -64,16 +65,28 @@ def _storage(url: str) -> Any:
 
     # a trial whose process died is failed after grace_period without its heartbeat, and drawn again once (the
     # callback's name changed in Optuna 4.9)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # (heartbeats: "experimental")
-            if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
-                retry = {"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
-            else:
-                retry = {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=1)}
-            return storages.RDBStorage(url, heartbeat_interval=60, grace_period=180, **retry)
-    except (ImportError, ValueError, optuna.exceptions.StorageInternalError) as e:
-        raise ValueError(f"--storage {url}: Optuna cannot open it ({type(e).__name__}: {e})") from None
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # (heartbeats: "experimental")
+                if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
+                    retry = {"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+                else:
+                    retry = {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=1)}
+                return storages.RDBStorage(url, heartbeat_interval=60, grace_period=180, **retry)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors (no such dialect, a file it cannot open) too
+            if not isinstance(e, (ImportError, ValueError, optuna.exceptions.OptunaError)) \
+                    and not type(e).__module__.startswith("sqlalchemy"):
+                raise
+            # processes started together on a new database create its tables at once: one wins, the others
+            # find them half made (IntegrityError) or locked; a moment later they are there
+            racing = type(e).__name__ == "IntegrityError" or "locked" in str(e)
+            if racing and attempt < 5:
+                time.sleep(0.5 * 2 ** attempt)
+                continue
+            why = str(e).splitlines()[0]
+            raise ValueError(f"--storage {url}: Optuna cannot open it ({type(e).__name__}: {why})") from None
+    raise AssertionError("unreachable")
 
 
 def _flag(name: str, value: Any) -> str:
@@ -115,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                               "another --output (nothing was overwritten)")
     out.mkdir(parents=True, exist_ok=True)
     url = args._storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # (its own lines and tracebacks: each trial says its end)
     seed = getattr(args, "seed", None)
     sampler = (optuna.samplers.TPESampler(seed=seed) if args._sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
@@ -137,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
           f"{' '.join(space)} ({args._sampler}; validated on {base.holdout:g} of the training images held out)",
           flush=True)
     stopped: list[int] = []
+    failed: list[str] = []
 
     def objective(trial: Any) -> float:
         params = suggest(trial, dims, base)
@@ -172,7 +186,9 @@ def run(args: argparse.Namespace) -> int:
             stopped.append(rc)
             raise KeyboardInterrupt
         if rc != 0 or not seen:
-            raise ValueError(f"trial {trial.number} did not run (exit {rc}; its error is above); the study stops")
+            failed.append(f"trial {trial.number} did not run (exit {rc}; its error is above); the study stops")
+            trial.study.stop()
+            return float("nan")  # (failed, without Optuna's traceback of an exception)
         return max(seen)  # what its best/ holds
 
     try:
@@ -185,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return stopped[0] if stopped and stopped[0] > 0 else 130
     _summary(study, out, base)
+    if failed:
+        raise ValueError(failed[0])
     return 0
 
 

@@ -81,8 +81,8 @@ def _metric_rows(f: RunFacts) -> list[str]:
     for what, m in (("the checkpoint's epoch" if f.which == "best" else "the last epoch", f.best), ("the run's last "
                                                                                                      "epoch", f.last)):
         if m.get("val_top1") is not None and not (what.startswith("the run's") and m is f.best):
-            rows.append(f"| {what} ({m.get('epoch', '?')}, step {m.get('step', '?')}) | {m['val_top1']:.2f}% | "
-                        f"{m.get('val_top5', float('nan')):.2f}% | {m.get('val_loss', float('nan')):.4f} |")
+            rows.append(f"| {what} ({m.get('epoch', '?')}, step {m.get('step', '?')}) | {_pct(m['val_top1'])} | "
+                        f"{_pct(m.get('val_top5'))} | {_num(m.get('val_loss'), '.4f')} |")
     return rows
 
 
@@ -100,7 +100,7 @@ def model_card(repo_id: str, model: Any, pre: dict[str, Any], facts: RunFacts, f
     from huggingface_hub import EvalResult, ModelCardData
 
     c: ViTConfig = model.config
-    dataset = facts.config.get("dataset") or "unknown"
+    dataset = str(facts.config.get("dataset") or "unknown")
     m = facts.best if facts.which == "best" else facts.last
     results = []
     if m.get("val_top1") is not None:
@@ -146,9 +146,9 @@ def model_card(repo_id: str, model: Any, pre: dict[str, Any], facts: RunFacts, f
             lines.append(f"| {label} | {_minutes(v) if key == 'time_limit' else v} |")
         if facts.last:
             lines.append(f"| ran | {facts.last.get('epoch', '?')} epochs, {facts.last.get('step', '?')} steps, "
-                         f"{facts.last.get('elapsed_s', 0):.0f} s |")
+                         f"{_num(facts.last.get('elapsed_s'), '.0f')} s |")
         plan = facts.plan
-        if plan.get("chosen"):
+        if isinstance(plan.get("chosen"), dict):
             chosen = ", ".join(f"{k} {v}" for k, v in plan["chosen"].items())
             lines.append(f"| machine | {plan.get('machine', '?')} on {plan.get('device', '?')}: {chosen} |")
         lines += ["", "The run's whole configuration is `training/config.yaml` in this repository: `vitkit train "
@@ -187,8 +187,12 @@ def _nums(xs: Any) -> str:
     return "(" + ", ".join(f"{x:.4g}" for x in xs) + ")"
 
 
+def _num(x: Any, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+
 def _pct(x: Any) -> str:
-    return f"{x:.2f}%" if isinstance(x, (int, float)) else "?"
+    return f"{_num(x, '.2f')}%"
 
 
 def _minutes(v: Any) -> str:

@@ -188,6 +188,9 @@ DEFAULT = "the default (recipe, planner)"  # the weights column of `vitkit train
 # above 50 epochs the default takes them by itself where the budget buys that many, so the claim no longer runs it;
 # the verdict still reads those rows where a results file has them.
 CONTROL = "the default + MAE's fine-tuning regularisation, from scratch"
+# Learning from the images without labels in the same run (issue 83): the default with --semi, the same total time
+SEMI_ARMS = {"joint": "the default + --semi joint (MAE's loss beside the labels)",
+             "fixmatch": "the default + --semi fixmatch (confident pseudo-labels)"}
 
 
 def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
@@ -211,6 +214,9 @@ def _recipe_runs(s: Setup, runs_dir: Path) -> list[Run]:
             pct, base = f"{f * 100:g}pct", _with(s.data, {"seed": seed}, s.fraction(f), quick)
             runs.append(Run(f"default-{pct}-seed{seed}", base,
                             {"stage": "target", "labels": f, "weights": DEFAULT, "seed": seed}, total))
+            runs += [Run(f"{semi}-{pct}-seed{seed}", _with(base, {"semi": semi}),
+                         {"stage": "target", "labels": f, "weights": what, "seed": seed}, total)
+                     for semi, what in SEMI_ARMS.items()]  # one run, every image, the labels of the share
             for m in ("mae", "mpp") if seed == 0 else ("mae",):
                 pre = runs_dir / f"hybrid-pretrain-{m}-seed{seed}" / "last"
                 runs.append(Run(f"hybrid-{m}-{pct}-seed{seed}", _with(base, {"init": str(pre)}),
@@ -351,6 +357,10 @@ def self_supervision_verdict(rows: list[dict[str, Any]]) -> str:
                           + (f", MPP-pre-trained {mpp:.2f}% ({mpp - default:+.2f})" if mpp is not None else "")
                           + (f"; the default with the fine-tuning's regularisation and no pre-training {control:.2f}%"
                              f" (MAE {mae - control:+.2f} over it)" if control is not None else ""))
+        for what in SEMI_ARMS.values():
+            if default is not None and (semi := mean(what, f)) is not None:
+                recipe.append(f"{f:.0%} of the labels: {what} {semi:.2f}% ({semi - default:+.2f} over the default; "
+                              f"{seeds(what, f)} seed{'s' * (seeds(what, f) > 1)})")
         scratch, plain, sup = (mean(k, f) for k in ("random", "MAE, no labels", "supervised, every label"))
         if scratch is None or plain is None:
             continue

@@ -43,7 +43,12 @@ class Dimension:
             raise ValueError(f"--space {self.spec()}: the run's own {self.name} is {base!r}, so multiples of it make "
                              f"no range; give the bounds themselves ({self.name}=LOW..HIGH)")
         lo, hi = self.low * base, self.high * base  # type: ignore[operator]
-        return (round(lo), round(hi)) if self.integer else (lo, hi)
+        if self.integer:
+            lo, hi = max(round(lo), 1 if self.log else 0), round(hi)
+            if lo >= hi:
+                raise ValueError(f"--space {self.spec()}: the run's own {self.name} is {base}, so the range is "
+                                 f"{lo}..{hi}, one whole number: widen it, or give the bounds themselves")
+        return lo, hi
 
 
 def _field_types() -> dict[str, Any]:

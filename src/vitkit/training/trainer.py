@@ -710,6 +710,13 @@ class Trainer:
             else:
                 how = (f"pseudo-labels of weakly augmented images where the model's softmax reaches "
                        f"{cfg.semi_threshold:g} train their strongly augmented views (weight {weight:g})")
+                classes = self.model.config.num_classes
+                cap = 1 - cfg.smoothing * (classes - 1) / classes  # what label smoothing trains the softmax towards
+                if cfg.smoothing and cfg.semi_threshold >= cap:
+                    self.log(f"warning: label smoothing {cfg.smoothing:g} trains the softmax towards {cap:.3g} at "
+                             f"most, under --semi-threshold {cfg.semi_threshold:g}: few pseudo-labels will be "
+                             "confident enough (FixMatch trains without smoothing: --smoothing 0, or a lower "
+                             "--semi-threshold)")
             self.log(f"--semi {cfg.semi}: {how}, on {cfg.unlabeled_ratio} image{'s' if cfg.unlabeled_ratio > 1 else ''}"
                      f" a labelled one drawn from {len(self.pool):,}: {rest:,} unlabelled and the "
                      f"{len(self.data.train):,} labelled")
