@@ -410,6 +410,56 @@ def test_gpu_batch_scales_the_learning_rate_and_says_so(monkeypatch):
     assert _decide_batch(adamw, data, torch.device("cpu"), p) is adamw  # a CPU keeps the recipe's batch
 
 
+def test_a_batch_that_does_not_fit_on_the_gpu_takes_activation_checkpointing_and_says_so(monkeypatch):
+    """Issue 84: a ViT-L/16 fine-tuned at 384 px on a 24 GB card at its recipe's batch: no batch the search runs fits
+    (the recipe's own peaks at 30 GiB), so the same step is measured with activation checkpointing, which fits
+    (11 GiB); the run takes it, with the recipe's batch and learning rate, and the plan says why. Where it would not
+    fit either, or where the batch fits, nothing changes."""
+    from vitkit.training.gpu_batch import checkpointing_fits
+    from vitkit.training.plan import BatchTrial, Plan, _decide_batch
+
+    gib = 2 ** 30
+    over = [BatchTrial(512, 300.0, 30 * gib, False)]
+    asked = []
+
+    def checkpointed(peak_gib):
+        def measure(batch):
+            asked.append(batch)
+            return 210.0, int(peak_gib * gib)
+        return measure
+
+    assert checkpointing_fits(over, 512, checkpointed(11), 24 * gib) == BatchTrial(512, 210.0, 11 * gib, True)
+    assert checkpointing_fits(over, 512, checkpointed(20), 24 * gib) is None  # over 80% of 24 GiB still
+    assert checkpointing_fits([BatchTrial(512, 300.0, 8 * gib, True)], 512, checkpointed(4), 24 * gib) is None
+    assert checkpointing_fits([], 512, checkpointed(4), 24 * gib) is None  # nothing measured: nothing known
+    assert asked == [512, 512]  # measured only where the batch was measured not to fit
+
+    cfg = TrainConfig(lr=1e-3, batch_size=512)
+    measured = []
+
+    def batch_measure(c, data, device, setting):
+        measured.append(c.grad_checkpointing)
+        return checkpointed(11 if c.grad_checkpointing else 30)
+
+    monkeypatch.setattr(plan_mod, "choose_batch", lambda measure, base, n, free: (512, over))
+    monkeypatch.setattr(plan_mod, "_batch_measure", batch_measure)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * gib, 24 * gib))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    data = vitkit.training.build.build_data(cfg)
+    p = Plan("digits", "cuda:0", "an injected GPU", {})
+    new = _decide_batch(cfg, data, torch.device("cuda", 0), p)
+    assert (new.batch_size, new.lr, new.grad_checkpointing, new.gpu_batch) == (512, 1e-3, True, False)
+    assert measured == [False, True]
+    said = " ".join(p.notes)
+    assert "batch 512 does not fit in 80% of the GPU's free memory" in said and "--grad-checkpointing" in said
+    assert "11.0 GiB at 210 img/s" in said
+    # asked for already: not measured again
+    measured.clear()
+    again = _decide_batch(TrainConfig(lr=1e-3, batch_size=512, grad_checkpointing=True), data,
+                          torch.device("cuda", 0), Plan("digits", "cuda:0", "an injected GPU", {}))
+    assert again.grad_checkpointing and measured == [True]
+
+
 def test_a_batch_the_user_gave_is_kept_on_a_gpu():
     cfg, _, _ = plan_mod.resolve(Sources({"dataset": "digits"}), lambda s: None)
     assert cfg.gpu_batch

@@ -69,6 +69,24 @@ def choose_batch(measure: Callable[[int], tuple[float, int]], base: int, n_train
     return base, trials
 
 
+def checkpointing_fits(trials: list[BatchTrial], base: int, measure_checkpointed: Callable[[int], tuple[float, int]],
+                       free_bytes: int) -> BatchTrial | None:
+    """Where the run's own batch ``base`` was measured over the memory share (``choose_batch`` runs it whenever no
+    larger size fits): the same step with activation checkpointing (each block's activations rebuilt in the backward
+    pass: one more forward of each block, a fraction of the memory), measured; returned where it fits, else None.
+    A ViT-L/16 fine-tuned at 384 px at its recipe's batch is that case on a 24 GB card; halving the batch would change
+    the recipe (its learning rate with it), checkpointing changes only the time a step takes."""
+    mine = next((t for t in trials if t.batch == base), None)
+    if mine is None or mine.fits:
+        return None
+    try:
+        speed, peak = measure_checkpointed(base)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    trial = BatchTrial(base, speed, min(peak, free_bytes), peak <= MEMORY_SHARE * free_bytes)
+    return trial if trial.fits else None
+
+
 def scale_lr(cfg: TrainConfig, batch: int) -> dict[str, Any]:
     """The learning rates for ``batch`` instead of ``cfg.batch_size``: linear scaling for SGD (Goyal et al. 2017),
     the square root for the adaptive optimizers (AdamW, and Muon's AdamW part; Malladi et al. 2022)."""

@@ -48,7 +48,8 @@ from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, dec
                            would_time_compile)
 from .build import build_data, for_run, model_config, resident_bytes, search_convolutions
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
-from .gpu_batch import MIN_STEPS_PER_EPOCH, BatchTrial, choose_batch, scale_lr  # noqa: F401 - BatchTrial: the plan's public names
+from .gpu_batch import (MEMORY_SHARE, MIN_STEPS_PER_EPOCH, BatchTrial, checkpointing_fits, choose_batch,  # noqa: F401
+                        scale_lr)  # (BatchTrial: one of the plan's public names)
 from .memory_plan import check_weights_fit, decide_memory, optimizer_moments
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
@@ -639,6 +640,16 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
         f"{batch}, the recipe's (a larger one would leave an epoch of {len(data.train):,} images fewer than "
         f"{MIN_STEPS_PER_EPOCH} steps; nothing timed)"))
     if batch == cfg.batch_size:
+        if not cfg.grad_checkpointing and (ckpt := checkpointing_fits(
+                trials, batch, _batch_measure(TrainConfig.from_dict({**cfg.to_dict(), "grad_checkpointing": True}),
+                                              data, device, setting), max(free - held, 0))):
+            torch.cuda.empty_cache()
+            mine = next(t for t in trials if t.batch == batch)
+            p.notes.append(f"batch {batch} does not fit in {MEMORY_SHARE:.0%} of the GPU's free memory (its step peaks "
+                           f"at {mine.peak_bytes / 2**30:.1f} GiB or more): activation checkpointing "
+                           f"(--grad-checkpointing) fits it, {ckpt.peak_bytes / 2**30:.1f} GiB at "
+                           f"{ckpt.img_per_s:,.0f} img/s; the recipe's batch and learning rate unchanged")
+            return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False, "grad_checkpointing": True})
         return TrainConfig.from_dict({**cfg.to_dict(), "gpu_batch": False})
     new = scale_lr(cfg, batch)
     p.notes.append(f"batch {cfg.batch_size} -> {batch}: lr {cfg.lr:g} -> {new['lr']:g} "

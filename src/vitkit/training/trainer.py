@@ -764,7 +764,9 @@ class Trainer:
                 f"{cfg.batch_size} of {h}x{w} images in {self.precision} on {self.device} (evaluation batch "
                 f"{cfg.eval_batch_size}){free}. Lower --batch-size (to {smaller}; --grad-accum "
                 f"{2 * cfg.grad_accum} keeps the global batch) or --eval-batch-size, or train a smaller --img-size "
-                "or model" + ("; --precision bf16 halves the activations" if self.precision == "fp32" else ""))
+                "or model" + ("; --precision bf16 halves the activations" if self.precision == "fp32" else "")
+                + ("; --grad-checkpointing keeps a fraction of them (each block's recomputed in the backward pass)"
+                   if not cfg.grad_checkpointing else ""))
 
     def _epochs(self) -> None:
         cfg = self.cfg
