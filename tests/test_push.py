@@ -180,3 +180,26 @@ def test_a_model_transformers_cannot_hold_is_pushed_without_hf_and_timm_builds_i
     with torch.no_grad():
         torch.testing.assert_close(net(x), model(x), atol=1e-5, rtol=1e-5)
     assert cfg["pretrained_cfg"]["input_size"] == [1, 8, 8] and cfg["pretrained_cfg"]["num_classes"] == 3
+
+
+def test_files_of_the_run_that_do_not_read_are_left_out_of_the_card_saying_so(run_dir, tmp_path, capsys):
+    """Found by trying: a broken config.yaml ended in a YAML traceback; a plan.json of another shape in an
+    AttributeError. The weights are what is pushed: the card goes without what does not read, and says so."""
+    import shutil
+
+    bad = tmp_path / "run"
+    shutil.copytree(run_dir, bad)
+    (bad / "config.yaml").write_text("a: [1, 2")
+    (bad / "plan.json").write_text('["not", "a", "plan"]')
+    with open(bad / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 9, "val_top1": 5\n3\n{"epoch": 10, "val_top1": "high"}\n')
+    (bad / "best" / "eval").mkdir()
+    (bad / "best" / "eval" / "eval.json").write_text("{nope")
+    out = tmp_path / "repo"
+    assert main(["push", str(bad), "--repo", "me/x", "--out", str(out), "--dry-run", "--formats", "hf"]) == 0
+    said = capsys.readouterr().out
+    assert "config.yaml: not read (YAMLError" in said or "config.yaml: not read (" in said
+    assert "plan.json: not a mapping" in said and "eval.json: not read" in said
+    card = (out / "README.md").read_text()
+    best = max(json.loads(line)["val_top1"] for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    assert f"{best:.2f}%" in card and "## Training" not in card  # the metrics that read; no settings to show

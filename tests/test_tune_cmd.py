@@ -135,3 +135,28 @@ def test_two_processes_share_one_study(tmp_path):
     assert len({t.number for t in done}) == len(done)
     assert all(sum(f"trial {t.number}:" in log for log in logs) == 1 for t in done)  # each run by one process
     assert all((out / f"trial-{t.number:03d}" / "last").is_dir() for t in done)
+
+
+def test_a_storage_optuna_cannot_open_is_one_line(tmp_path, capsys):
+    """Found by trying: SQLAlchemy's own errors (no such dialect, a file it cannot create) ended in a traceback."""
+    for url, words in (("foo://bar", "NoSuchModuleError"),
+                       (f"sqlite:///{tmp_path}/no/such/dir/x.db", "unable to open database file")):
+        assert main(["tune", "--storage", url, "--output", str(tmp_path / "s"), "--trials", "1"] + FAST) == 2
+        err = capsys.readouterr().err
+        assert f"--storage {url}: Optuna cannot open it" in err and words in err and "Traceback" not in err
+
+
+def test_a_trial_that_cannot_run_stops_the_study_in_one_line(tmp_path, capsys):
+    """A setting every trial fails on (a batch larger than the data): the study stops at the first, saying why,
+    without Optuna's traceback; a range of whole multiples that collapses to one number is refused before."""
+    out = tmp_path / "s"
+    assert main(["tune", "--space", "batch_size=100000..200000", "--output", str(out), "--trials", "3",
+                 "--epochs", "1"] + FAST) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err + captured.out
+    assert captured.err.startswith("vitkit tune: error: ") and "fewer than one global batch" in captured.err
+    study = optuna.load_study(study_name="vitkit", storage=f"sqlite:///{out / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"]
+    assert main(["tune", "--semi", "fixmatch", "--train-fraction", "0.5", "--space", "unlabeled_ratio=x0.5..x1.4:log",
+                 "--output", str(tmp_path / "t")] + FAST) == 2
+    assert "so the range is 1..1, one whole number" in capsys.readouterr().err
