@@ -113,8 +113,29 @@ def test_more_unlabelled_images_from_a_folder_join_the_pool_at_the_labelled_size
     rgb = write_digits_folder(tmp_path / "rgb", per_class=1, size=16, mode="RGB")
     with pytest.raises(ValueError, match="images of 3 channels, and digits's have 1"):
         Trainer(TrainConfig(**FAST, semi="joint", unlabeled=str(rgb)), log=lambda s: None, progress=False)
-    with pytest.raises(ValueError, match="learnt from by --semi joint"):
+    with pytest.raises(ValueError, match="learnt from by --semi joint or fixmatch"):
         TrainConfig(**FAST, unlabeled=str(more))
+
+
+def test_more_unlabelled_images_from_webdataset_shards_join_the_pool(tmp_path):
+    """--unlabeled SHARDS: the shards `vitkit shard` writes (its train shards alone read), or train shards with no
+    val ones beside them, at the labelled images' size. (It said "no image files" before.)"""
+    import shutil
+
+    from helpers import write_digits_folder
+
+    more = write_digits_folder(tmp_path / "more", per_class=3, size=16)
+    assert main(["shard", "--data-dir", str(more), "--out", str(tmp_path / "shards")]) == 0
+    t = Trainer(TrainConfig(**FAST, semi="fixmatch", train_fraction=0.5, unlabeled=str(tmp_path / "shards")),
+                log=lambda s: None, progress=False)
+    assert len(t.pool) == 1437 + 30 and t.pool.shape[1:] == (1, 8, 8)  # the 30 train images, not the val ones
+    alone = tmp_path / "train-only"
+    alone.mkdir()
+    for f in (tmp_path / "shards").glob("train-*.tar"):
+        shutil.copy(f, alone / f.name)
+    t = Trainer(TrainConfig(**FAST, semi="fixmatch", train_fraction=0.5, unlabeled=str(alone)),
+                log=lambda s: None, progress=False)
+    assert len(t.pool) == 1437 + 30
 
 
 def test_resuming_with_semi_given_or_left_out_against_the_run_is_refused_by_name(tmp_path, capsys):

@@ -60,8 +60,9 @@ class TarReader:
         return data
 
 
-def shard_files(root: Path) -> dict[str, list[Path]]:
-    """``{"train": [...], "val": [...]}``: the shards of each split, in name order."""
+def shard_files(root: Path, need_val: bool = True) -> dict[str, list[Path]]:
+    """``{"train": [...], "val": [...]}``: the shards of each split, in name order (``need_val`` False: the val
+    list may be empty, for images read without labels)."""
     if root.is_file():
         raise ValueError(f"{root}: a file, not a folder of shards (train-000000.tar, ..., val-000000.tar, ...); a zip "
                          "of images in folders is --dataset folder")
@@ -73,7 +74,7 @@ def shard_files(root: Path) -> dict[str, list[Path]]:
 
     train = named("train")
     val = next((found for v in VAL_NAMES if (found := named(v))), [])
-    if not train or not val:
+    if not train or (not val and need_val):
         have = sorted(p.name for p in root.glob("*.tar"))[:6]
         raise FileNotFoundError(f"{root}: expected train-*.tar and val-*.tar (or test-*/validation-*) shards; found "
                                 f"{have or 'no .tar files'}")
@@ -173,11 +174,12 @@ def index_shard(shard: Path, root: Path, skip_bad: bool, unlabeled: bool = False
 def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str | None = None,
                       progress: Callable | None = None, max_side: int = 128, crop: dict[str, Any] | None = None,
                       mode: str = "auto", say: Callable[[str], None] | None = None, unlabeled: bool = False,
-                      budget_s: float | None = None) -> DataSplits:
+                      budget_s: float | None = None, size: tuple[int, int] | None = None) -> DataSplits:
     """WebDataset shards in ``path`` as a DataSplits: in memory where they fit, else streamed (folder.load_images);
-    ``unlabeled``: their images alone, as the one class "images" (self-supervision reads no label)."""
+    ``unlabeled``: their images alone, as the one class "images" (self-supervision reads no label), the train
+    shards alone enough; ``size``: every image at that size (``--unlabeled``: the labelled images')."""
     root = Path(path)
-    files = shard_files(root)
+    files = shard_files(root, need_val=not unlabeled)
     stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for ps in files.values() for p in ps]
     extra = [(n, (root / n).stat().st_mtime_ns) for n in (CLASSES_FILE, "classes.txt") if (root / n).is_file()]
     fingerprint = f"shards|{root.resolve()}|{hashlib.sha256(json.dumps([stats, extra]).encode()).hexdigest()}" \
@@ -190,6 +192,8 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
             found, bad = index_shard(shard, root, skip_bad_images, unlabeled)
             items[split] += found
             skipped += bad
+    if unlabeled and not files["val"] and items["train"]:
+        items["val"] = items["train"][:1]  # (train shards alone: a split of one image, never read for anything)
     if not items["train"] or not items["val"]:
         raise ValueError(f"{root}: no samples in the {'train' if not items['train'] else 'val'} shards")
     labels = {y for lst in items.values() for _, y in lst}
@@ -206,7 +210,7 @@ def load_shard_splits(path: str, skip_bad_images: bool = False, cache_dir: str |
         source = next((n for n in (CLASSES_FILE, "classes.txt") if (root / n).is_file()), "ImageNet-1k")
         raise ValueError(f"{root / name[0]}:{name[3]}: class index {outside[0]} is outside the {len(classes)} "
                          f"classes of {source}")
-    data = load_images(f"{path}", TarReader(root), items, classes, fingerprint, skip_bad_images, None, cache_dir,
+    data = load_images(f"{path}", TarReader(root), items, classes, fingerprint, skip_bad_images, size, cache_dir,
                        progress, max_side, crop, mode, say, "shards", budget_s)
     data.skipped += len(skipped)
     return data

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ..data.augment import batches
 from ..data.datasets import DataSplits
 from ..data.folder import load_folder_splits
+from ..data.shards import load_shard_splits
 from ..data.sampler import GlobalBatchSampler, check_batches
 from ..model.config import to_2tuple
 from ..model.hub import load_state_dict_into
@@ -96,9 +97,13 @@ def unlabelled_pool(cfg: TrainConfig, full: DataSplits, labelled: DataSplits,
                          "from its files (--data-mode memory, where it fits)")
     parts = [full.left_out(cfg.train_fraction).images, labelled.train.images]
     if cfg.unlabeled:
-        more = load_folder_splits(cfg.unlabeled, cfg.skip_bad_images, labelled.img_size, cfg.cache_dir,
-                                  mode="memory", say=say, unlabeled=True)
-        images = more.train.images  # (its train/; of a folder without splits, all but the 1 in 50 set aside)
+        if Path(cfg.unlabeled).is_dir() and any(Path(cfg.unlabeled).glob("*.tar")):  # WebDataset shards
+            more = load_shard_splits(cfg.unlabeled, cfg.skip_bad_images, cfg.cache_dir, mode="memory", say=say,
+                                     unlabeled=True, size=labelled.img_size)
+        else:
+            more = load_folder_splits(cfg.unlabeled, cfg.skip_bad_images, labelled.img_size, cfg.cache_dir,
+                                      mode="memory", say=say, unlabeled=True)
+        images = more.train.images  # (its train/ or train shards; of a folder without splits, all but 1 in 50)
         if images.shape[1] != labelled.in_chans:
             raise ValueError(f"--unlabeled {cfg.unlabeled}: images of {images.shape[1]} channel"
                              f"{'s' if images.shape[1] > 1 else ''}, and {labelled.name}'s have {labelled.in_chans}")
