@@ -160,3 +160,12 @@ def test_a_trial_that_cannot_run_stops_the_study_in_one_line(tmp_path, capsys):
     assert main(["tune", "--semi", "fixmatch", "--train-fraction", "0.5", "--space", "unlabeled_ratio=x0.5..x1.4:log",
                  "--output", str(tmp_path / "t")] + FAST) == 2
     assert "so the range is 1..1, one whole number" in capsys.readouterr().err
+
+
+def test_a_timeout_starts_no_trial_after_it(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["tune", "--timeout", "0.001", "--trials", "5", "--epochs", "1", "--output", str(out)] + FAST) == 0
+    study = optuna.load_study(study_name="vitkit", storage=f"sqlite:///{out / 'study.db'}")
+    assert len(study.trials) == 1  # the first started before 0.06 s were up; none after it
+    assert main(["tune", "--timeout", "0", "--output", str(tmp_path / "t")]) == 2
+    assert "--timeout 0: minutes, more than 0" in capsys.readouterr().err

@@ -31,6 +31,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--space", dest="_space", action="append", default=None, metavar="SPEC",
                    help="a setting to search, repeatable: NAME=LOW..HIGH[:log], NAME=xLOW..xHIGH[:log] (multiples "
                         "of the run's own value) or NAME=A|B|C; default: " + " ".join(DEFAULT_SPACE))
+    g.add_argument("--timeout", dest="_timeout", type=float, default=None, metavar="MIN",
+                   help="start no trial after MIN minutes (the one running finishes); with --time-limit per trial, "
+                        "the whole search fits about MIN + one trial")
     g.add_argument("--study", dest="_study", default="vitkit", help="the study's name in the storage")
     g.add_argument("--storage", dest="_storage", default=None, metavar="URL",
                    help="where the study lives: any database URL Optuna takes (sqlite:///path.db, "
@@ -50,6 +53,8 @@ def _refusals(args: argparse.Namespace) -> str | None:
         return "--resume: run the same `vitkit tune` command again to continue its study"
     if getattr(args, "_estimate", None) is not None:
         return "--estimate: estimate one run with `vitkit train --estimate`"
+    if getattr(args, "_timeout", None) is not None and not args._timeout > 0:
+        return f"--timeout {args._timeout:g}: minutes, more than 0"
     if getattr(args, "holdout", None) == 0:
         return ("--holdout 0 would choose the settings on the test split; tune validates on held-out training "
                 "images (--holdout 0.1 by default)")
@@ -194,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if done < args._trials:
             study.optimize(objective, n_trials=args._trials - done,
+                           timeout=args._timeout * 60 if args._timeout else None,
                            callbacks=[MaxTrialsCallback(args._trials, states=finished)])
     except KeyboardInterrupt:
         _summary(study, out, base)
