@@ -164,7 +164,7 @@ def stage(ckpt: Path, run: Path | None, which: str, repo_id: str, out: Path, for
 def upload(out: Path, repo_id: str, private: bool, revision: str | None, message: str) -> str:
     """One commit of ``out`` to ``repo_id`` (created if missing); returns the commit's URL."""
     from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import HfHubHTTPError
 
     api = HfApi()
     try:
@@ -190,8 +190,7 @@ def upload(out: Path, repo_id: str, private: bool, revision: str | None, message
 
 
 def run(args: argparse.Namespace) -> int:
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # (utils: old and new huggingface_hub)
 
     from .import_cmd import refuse_overwrite
 
