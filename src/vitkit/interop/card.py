@@ -8,7 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from huggingface_hub import EvalResult, ModelCardData
+
 from ..model.config import ViTConfig, to_2tuple
+from ..model.vit import VisionTransformer
 
 # Hugging Face Hub datasets for the datasets vitkit reads by name (the card's `datasets:` links to them)
 HUB_DATASETS = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100", "mnist": "ylecun/mnist",
@@ -68,9 +72,6 @@ class RunFacts:
 
 
 def _params(c: ViTConfig) -> str:
-    from ..model.vit import VisionTransformer
-    import torch
-
     with torch.device("meta"):  # counted without allocating
         n = sum(p.numel() for p in VisionTransformer(c).parameters())
     return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n:,}"
@@ -97,8 +98,6 @@ def _validation_words(f: RunFacts) -> str:
 def model_card(repo_id: str, model: Any, pre: dict[str, Any], facts: RunFacts, files: dict[str, str],
                timm_why_not: str | None, hf_why_not: str | None) -> str:
     """The ``README.md`` of a pushed model: Hub metadata (YAML) and the card's text."""
-    from huggingface_hub import EvalResult, ModelCardData
-
     c: ViTConfig = model.config
     dataset = str(facts.config.get("dataset") or "unknown")
     m = facts.best if facts.which == "best" else facts.last

@@ -8,6 +8,7 @@ starts it again cleanly. (torch.hub's own downloader keeps whatever arrived when
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import urllib.error
@@ -131,3 +132,24 @@ def reachable(url: str, timeout: float = PROBE_S) -> bool:
     except OSError:
         return False
     return True
+
+
+def resolve(source: str, revision: str | None = None, progress: bool = True) -> tuple[Path, str | None]:
+    """(local path, format or None to detect) for ``hf-hub:ORG/REPO``, ``ORG/REPO`` (a Hub id), a URL or a path."""
+    if source.startswith(("http://", "https://")):
+        return download_url(source, progress=progress), None
+    local = Path(source).expanduser()
+    if local.exists():
+        return local, None
+    repo = source.removeprefix("hf-hub:")
+    if repo.count("/") == 1 and not source.startswith((".", "/", "~")):
+        config = hub_file(repo, "config.json", revision)
+        weights = hub_file(repo, "model.safetensors", revision)
+        meta = json.loads(config.read_text())
+        if meta.get("model_type") == "vit":
+            return config.parent, "hf"  # transformers reads the snapshot folder: config.json beside the weights
+        if meta.get("library") == "vitkit":  # `vitkit push`'s: vitkit's folder (its config.json is timm's too)
+            return config.parent, "vitkit"
+        return weights, "timm"
+    raise FileNotFoundError(f"{source}: not a file or folder, a URL, a Hub id (ORG/REPO or hf-hub:ORG/REPO) or a "
+                            "registered name (`vitkit models --pretrained`)")

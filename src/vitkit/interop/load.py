@@ -9,6 +9,7 @@ from ..model.config import PRESETS, to_2tuple
 from ..model.hub import CONFIG_NAME, build_adapted, from_pretrained
 from ..model.serialization import check_preprocessing
 from ..model.vit import VisionTransformer
+from .download import resolve
 from .files import load_state_file, read_hf_folder, weights_in, written_config, written_preprocessing
 from .hf import from_hf, hf_to_vitkit
 from .infer import infer_config, size_is_the_tables
@@ -110,8 +111,6 @@ def load(src: str | Path, fmt: str | None = None, architecture: str | None = Non
     ``vitkit train --init`` and every ``--checkpoint`` go through here; ``hf-hub:ORG/REPO`` fetches a Hub
     repository first (a vitkit, timm or transformers one: what ``vitkit push`` writes is all three)."""
     if isinstance(src, str) and src.startswith("hf-hub:") and not Path(src).exists():
-        from .pretrained import resolve  # (it loads through here)
-
         src, found = resolve(src)
         fmt = fmt or found
     p = Path(src)

@@ -9,7 +9,7 @@ from typing import Any
 from ..model.config import PRESETS
 from ..model.registry import create_model as create_preset
 from ..model.vit import VisionTransformer
-from .download import download_url, hub_file
+from .download import download_url, hub_file, resolve  # noqa: F401 - resolve: here too, as before
 from .load import load
 from .registry import PRETRAINED, Pretrained, get_pretrained
 
@@ -42,27 +42,6 @@ def fetch(entry: Pretrained, revision: str | None = None, progress: bool = True)
             return path.parent
         return path
     return download_url(str(entry.url), entry.filename, entry.sha256, progress=progress)
-
-
-def resolve(source: str, revision: str | None = None, progress: bool = True) -> tuple[Path, str | None]:
-    """(local path, format or None to detect) for ``hf-hub:ORG/REPO``, ``ORG/REPO`` (a Hub id), a URL or a path."""
-    if source.startswith(("http://", "https://")):
-        return download_url(source, progress=progress), None
-    local = Path(source).expanduser()
-    if local.exists():
-        return local, None
-    repo = source.removeprefix("hf-hub:")
-    if repo.count("/") == 1 and not source.startswith((".", "/", "~")):
-        config = hub_file(repo, "config.json", revision)
-        weights = hub_file(repo, "model.safetensors", revision)
-        meta = json.loads(config.read_text())
-        if meta.get("model_type") == "vit":
-            return config.parent, "hf"  # transformers reads the snapshot folder: config.json beside the weights
-        if meta.get("library") == "vitkit":  # `vitkit push`'s: vitkit's folder (its config.json is timm's too)
-            return config.parent, "vitkit"
-        return weights, "timm"
-    raise FileNotFoundError(f"{source}: not a file or folder, a URL, a Hub id (ORG/REPO or hf-hub:ORG/REPO) or a "
-                            "registered name (`vitkit models --pretrained`)")
 
 
 def check_arch(model: VisionTransformer, arch: str, source: str) -> None:

@@ -7,6 +7,7 @@ recipe (or the flags) would use, so the default space suits AdamW's 1e-3 and SGD
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,16 +53,12 @@ class Dimension:
 
 
 def _field_types() -> dict[str, Any]:
-    import typing
-
     hints = typing.get_type_hints(TrainConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
 
 
 def _scalar_kind(hint: Any) -> type | None:
     """int, float, str or bool for a field's type (``float | None`` -> float), None for anything else."""
-    import typing
-
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     for kind in (bool, int, float, str):
         if kind in args:
