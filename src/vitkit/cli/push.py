@@ -178,14 +178,12 @@ def upload(out: Path, repo_id: str, private: bool, revision: str | None, message
                403: "the token cannot write to this repository (a read token, or another user's namespace)"}.get(
             status, str(e).splitlines()[0])
         raise OSError(f"the Hub refused the push to {repo_id} (HTTP {status}): {why}") from None
-    except (OSError, ConnectionError) as e:
+    except Exception as e:  # noqa: BLE001 - httpx's transport errors are not OSErrors
+        transport = type(e).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib")
+        if not (isinstance(e, OSError) or transport):
+            raise
         raise OSError(f"could not reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); nothing was "
                       "pushed") from None
-    except Exception as e:  # noqa: BLE001 - httpx's transport errors are not OSErrors
-        if type(e).__module__.split(".")[0].rstrip("0123456789") in ("httpx", "httpcore", "requests", "urllib"):
-            raise OSError(f"could not reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {e}); nothing was "
-                          "pushed") from None
-        raise
     return str(info.commit_url)
 
 

@@ -62,7 +62,6 @@ def _refusals(args: argparse.Namespace) -> str | None:
 
 
 def _storage(url: str) -> Any:
-    import time
     import warnings
 
     import optuna

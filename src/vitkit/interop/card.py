@@ -78,13 +78,13 @@ def _params(c: ViTConfig) -> str:
 
 
 def _metric_rows(f: RunFacts) -> list[str]:
-    rows = []
-    for what, m in (("the checkpoint's epoch" if f.which == "best" else "the last epoch", f.best), ("the run's last "
-                                                                                                     "epoch", f.last)):
-        if m.get("val_top1") is not None and not (what.startswith("the run's") and m is f.best):
-            rows.append(f"| {what} ({m.get('epoch', '?')}, step {m.get('step', '?')}) | {_pct(m['val_top1'])} | "
-                        f"{_pct(m.get('val_top5'))} | {_num(m.get('val_loss'), '.4f')} |")
-    return rows
+    """The pushed weights' epoch, and the run's last epoch where that is another one."""
+    shown = [("the checkpoint's epoch" if f.which == "best" else "the last epoch", f.best)]
+    if f.last is not f.best:
+        shown.append(("the run's last epoch", f.last))
+    return [f"| {what} ({m.get('epoch', '?')}, step {m.get('step', '?')}) | {_pct(m['val_top1'])} | "
+            f"{_pct(m.get('val_top5'))} | {_num(m.get('val_loss'), '.4f')} |"
+            for what, m in shown if m.get("val_top1") is not None]
 
 
 def _validation_words(f: RunFacts) -> str:
@@ -100,7 +100,7 @@ def model_card(repo_id: str, model: Any, pre: dict[str, Any], facts: RunFacts, f
     """The ``README.md`` of a pushed model: Hub metadata (YAML) and the card's text."""
     c: ViTConfig = model.config
     dataset = str(facts.config.get("dataset") or "unknown")
-    m = facts.best if facts.which == "best" else facts.last
+    m = facts.best  # (the last epoch's with --which last: run_facts)
     results = []
     if m.get("val_top1") is not None:
         results.append(EvalResult(task_type="image-classification", dataset_type=HUB_DATASETS.get(dataset, dataset),
