@@ -49,9 +49,10 @@ class Faulty(trainer_mod.Trainer):
 
     def fit(self):
         result = super().fit()
-        if "--dump" in opts:
+        if "--dump" in opts and getattr(self, "twin", None) is None:  # (a sharded run's: last/model.safetensors)
             save_file({k: v.contiguous() for k, v in self.module.state_dict().items()},  # with an objective's parts
                       os.path.join(opts["--dump"], f"rank{rank}.safetensors"))
+        if "--dump" in opts:
             with open(os.path.join(opts["--dump"], f"rank{rank}.json"), "w") as f:  # the settings this rank trained
                 json.dump({"cfg": self.cfg.to_dict(), "chosen": self.plan.chosen,
                            "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps}, f, default=str)

@@ -115,7 +115,10 @@ BOOL_FLAGS = {"--model-ema": ("model_ema", "keep an EMA of the weights (evaluate
 AUTO_BOOL_FLAGS = {"--compile": ("compile", "torch.compile the model; auto: where the budget repays the compile time "
                                             "measured here (the recipes' choice; the plan says why); "
                                             "reduce-overhead: with CUDA graphs (on a GPU auto times it too)"),
-                   "--channels-last": ("channels_last", "conv weights channels-last; auto: timed here")}
+                   "--channels-last": ("channels_last", "conv weights channels-last; auto: timed here"),
+                   "--shard": ("shard", "with several processes (torchrun): FSDP2, each process holding 1/world of "
+                                        "the weights, gradients and optimizer state; auto: where a DDP replica "
+                                        "would take over half a process's memory")}
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

@@ -184,6 +184,12 @@ def broadcast_ints(values: list[int], device: torch.device) -> list[int]:
     return [int(v) for v in t]
 
 
+def barrier() -> None:
+    """Every rank waits for the others here (nothing outside a process group)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj`` on every rank, rank 0's first (``[obj]`` outside a process group)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -210,14 +210,16 @@ def augment_for(cfg: TrainConfig, preprocessing: dict[str, Any], c: ViTConfig) -
 
 
 def model_for_training(model: nn.Module, cfg: TrainConfig, device: torch.device, world: int,
-                       log: Callable[[str], None] = print) -> nn.Module:
+                       log: Callable[[str], None] = print, sharded: bool = False) -> nn.Module:
     """``model`` as the training step calls it: the attention path and memory layout the config names (decided by
     the planner when ``auto``), wrapped in DDP when there are several processes, compiled if ``cfg.compile``. Its
-    parameters are ``model``'s own."""
+    parameters are ``model``'s own. ``sharded``: FSDP2 holds it already (training/shard.py), laid out before."""
     if cfg.needs_plan:
         raise ValueError("model_for_training needs a planned config (no 'auto' left): vitkit.training.plan(cfg)")
-    apply_layout(model, cfg.attention, cfg.channels_last)
     search_convolutions(device)
+    if sharded:
+        return model
+    apply_layout(model, cfg.attention, cfg.channels_last)
     if world > 1:  # (a pre-trained encoder's unused parts, e.g. a GAP model's fc_norm, are no error)
         # DDP compares a gradient's strides with its bucket's literally: a weight with a dimension of size 1 (a
         # one-channel image's patch embedding, D x 1 x P x P) lies in memory the same either way, yet warned on

@@ -10,7 +10,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -30,12 +30,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, name: str, model: nn.Module, preprocessing: dict[str, Any],
-                    train_state: dict[str, Any] | None = None) -> Path:
+                    train_state: dict[str, Any] | None = None, started: bool = False) -> Path:
     """``model``, a ViT or a self-supervised module around one (its encoder saved as an ordinary vitkit model, the
-    objective's parts beside it), with ``preprocessing`` and the training state."""
+    objective's parts beside it), with ``preprocessing`` and the training state. ``started``: the new folder holds
+    what the other processes wrote into it already (a sharded run's shards, ``write_new``)."""
     final, new, old = run_dir / name, run_dir / f".{name}.new", run_dir / f".{name}.old"
-    shutil.rmtree(new, ignore_errors=True)
-    try:
+    if not started:
+        prepare_new(new)
+
+    def write() -> None:
         encoder = getattr(model, "encoder", model)
         save_pretrained(encoder, new, **preprocessing)
         if encoder is not model:
@@ -43,14 +46,8 @@ def save_checkpoint(run_dir: Path, name: str, model: nn.Module, preprocessing: d
         if train_state is not None:
             atomic_write(new / STATE_NAME, lambda p: torch.save(train_state, p))
         _fsync_dir(new)
-    except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError, torch's "iostream error" or safetensors'
-        shutil.rmtree(new, ignore_errors=True)
-        free = shutil.disk_usage(run_dir).free
-        raise OSError(errno.ENOSPC if free < 64 * 1024 * 1024 else errno.EIO,
-                      f"could not write the {name}/ checkpoint in {run_dir} ({' '.join(str(e).split())[:120]}); "
-                      f"{free / 1e6:.1f} MB free there" + (": no space left on the device" if free < 64 * 1024 * 1024
-                                                             else "") +
-                      f". The previous {name}/ is kept; free some space, then --resume auto") from None
+
+    write_new(new, name, run_dir, write)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -58,6 +55,27 @@ def save_checkpoint(run_dir: Path, name: str, model: nn.Module, preprocessing: d
     _fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def prepare_new(new: Path) -> None:
+    """The folder a checkpoint is written into before it is renamed into place, emptied of a write that a kill
+    cut short."""
+    shutil.rmtree(new, ignore_errors=True)
+
+
+def write_new(new: Path, name: str, run_dir: Path, write: Callable[[], None]) -> None:
+    """``write()`` into the checkpoint's new folder; where it fails (a full disk surfaces as OSError, torch's
+    "iostream error", safetensors' or DCP's own), the folder goes and an OSError says what to do."""
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001 - see above
+        shutil.rmtree(new, ignore_errors=True)
+        free = shutil.disk_usage(run_dir).free
+        raise OSError(errno.ENOSPC if free < 64 * 1024 * 1024 else errno.EIO,
+                      f"could not write the {name}/ checkpoint in {run_dir} ({' '.join(str(e).split())[:120]}); "
+                      f"{free / 1e6:.1f} MB free there" + (": no space left on the device" if free < 64 * 1024 * 1024
+                                                             else "") +
+                      f". The previous {name}/ is kept; free some space, then --resume auto") from None
 
 
 def recover_checkpoint(run_dir: Path, name: str) -> Path | None:

@@ -110,6 +110,9 @@ class TrainConfig:
     # activation checkpointing (timm's set_grad_checkpointing): each block's activations rebuilt in the backward
     # pass instead of kept, for a batch that does not fit otherwise (model/vit.Blocks)
     grad_checkpointing: bool = False
+    # with several processes: FSDP2, each process holding 1/world of the weights, gradients and optimizer state
+    # (training/shard.py) instead of a whole replica (DDP); auto: where a replica would not fit
+    shard: bool | str = "auto"
     opt: str = "adamw"  # adamw | sgd | muon (Muon for the blocks' weight matrices, AdamW for the rest)
     adam_beta2: float = 0.999  # AdamW's second-moment decay (MAE pre-trains with 0.95)
     layer_decay: float | None = None  # fine-tuning: block i's LR times decay^(depth - i), the embeddings' the least
@@ -174,6 +177,8 @@ class TrainConfig:
         if self.compile not in (True, False, "auto", *COMPILE_MODES):
             raise ValueError(f"compile must be true, false, auto or {' or '.join(COMPILE_MODES)}, got "
                              f"{self.compile!r}")
+        if self.shard not in (True, False, "auto"):
+            raise ValueError(f"shard must be true, false or auto, got {self.shard!r}")
         if self.channels_last not in (True, False, "auto"):
             raise ValueError(f"channels_last must be true, false or auto, got {self.channels_last!r}")
         if self.attention not in ATTENTIONS:

@@ -1,6 +1,9 @@
 """Top-1/top-5, loss, per-class accuracy and the confusion matrix of a model on in-memory images."""
 from __future__ import annotations
 
+import math
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -16,6 +19,20 @@ from ..runtime.precision import autocast_for
 EVAL_BATCH_SIZE = 256
 
 
+def rank_batches(data: ImageTensors, rank: int, world: int, batch_size: int,
+                 device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """This rank's share of ``data`` (every ``world``-th image) in batches, each with ``True``; then, where another
+    rank has a batch more, one image marked ``False`` to run and not count: a sharded model's forward is a
+    collective (its layers' weights gathered from every rank), so every rank runs as many."""
+    idx = torch.arange(rank, len(data), world)
+    for x, y in batches(data, idx, batch_size, drop_last=False, device=device):
+        yield x, y, True
+    most = math.ceil(math.ceil(len(data) / world) / batch_size)  # the batches of a rank with the most images
+    for _ in range(most - math.ceil(len(idx) / batch_size)):
+        x, y = next(iter(batches(data, torch.arange(1), 1, drop_last=False, device=device)))
+        yield x, y, False
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: ImageTensors, augment: BatchAugment, num_classes: int,
              device: torch.device, batch_size: int = EVAL_BATCH_SIZE, precision: str = "fp32",
@@ -26,11 +43,12 @@ def evaluate(model: torch.nn.Module, data: ImageTensors, augment: BatchAugment, 
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     top5 = torch.zeros((), dtype=torch.int64, device=device)
-    idx = torch.arange(rank, len(data), world)
-    for x, y in batches(data, idx, batch_size, drop_last=False, device=device):
+    for x, y, counted in rank_batches(data, rank, world, batch_size, device):
         x, _ = augment(x, y, train=False)
         with autocast_for(device, precision):
             logits = readout_logits(model, x)  # (the last layer for the class token only: the same logits)
+        if not counted:
+            continue
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         k = min(5, num_classes)

@@ -26,6 +26,7 @@ from ..data.stream import PREFETCH
 from ..model.config import ViTConfig
 from ..model.naflex import NaFlexBatch
 from ..model.vit import VisionTransformer, set_attention
+from ..runtime.distributed import rank_and_world
 from ..runtime.memory import Memory, available_memory, peak_bytes, release_free_memory
 from ..runtime.precision import autocast_for
 from ..runtime.threads import usable_cores
@@ -308,14 +309,22 @@ def check_weights_fit(cfg: TrainConfig, config: ViTConfig, memory: Memory | None
     memory = memory or available_memory()
     if memory is None:
         return
-    with torch.device("meta"):
-        params = sum(p.numel() for p in VisionTransformer(config).parameters())
-    need = params * 4 * (3 + optimizer_moments(cfg)) + RESERVE  # fp32: the model, the probe's copy, gradients, moments
+    params = count_params(config)
+    _, world = rank_and_world()
+    shards = world if world > 1 and cfg.shard is not False else 1  # (--shard auto shards what would not fit whole)
+    # fp32: the model and the probe's copy whole, the gradients and moments (a sharded run's: its share)
+    need = params * 4 * (2 + (1 + optimizer_moments(cfg)) / shards) + RESERVE
     if need > room_for_this_process(memory):
         raise ValueError(f"out of memory before the first step: {cfg.model} ({params:,} parameters) needs at least "
                          f"{need / MiB:,.0f} MiB for its weights, a copy the planner times, the gradients and the "
                          f"{cfg.opt} optimizer's state, before any image, and this process may use "
                          f"{memory.describe()}: train a smaller model, or give the process more memory")
+
+
+def count_params(config: ViTConfig) -> int:
+    """The parameters of a ViT of ``config``, counted on PyTorch's meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in VisionTransformer(config).parameters())
 
 
 def _largest_fitting_batch(need: Callable[[int], float], batch: int, space: float) -> int:

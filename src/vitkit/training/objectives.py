@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..data.augment import BatchAugment, batches
+from ..data.augment import BatchAugment
 from ..model.ssl import (SSL_CONFIG, SSL_WEIGHTS, MaskedAutoencoder, MaskedPatchPrediction, SSLOutput, build_ssl,
                          draw_noise, load_ssl, ssl_config)
 from ..interop.mae import from_hf_mae, is_hf_mae
@@ -25,7 +25,7 @@ from ..model.draws import draw
 from ..model.vit import VisionTransformer
 from ..runtime.precision import autocast_for
 from .config import OBJECTIVES, SEMI_WEIGHT, TrainConfig  # noqa: F401 - OBJECTIVES: the objectives' names, here too
-from .evaluate import evaluate
+from .evaluate import evaluate, rank_batches
 
 SSL_SEED = 1234  # the masks an evaluation draws: the same every epoch, so its losses compare
 
@@ -172,10 +172,12 @@ class SelfSupervised(Classify):
         module.eval()
         gen = torch.Generator(device=device).manual_seed(SSL_SEED + rank)  # (the masks drawn where they are used)
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x images, images, hits, masked patches
-        for x, y in batches(split, torch.arange(rank, len(split), world), batch_size, drop_last=False, device=device):
+        for x, y, counted in rank_batches(split, rank, world, batch_size, device):
             x, _ = self.augment(x, y, train=False)
             with autocast_for(device, precision):
                 out = self.out(module, x, gen)
+            if not counted:
+                continue
             sums[0] += out.loss.double() * len(y)  # (summed on the device: read once, at the end)
             sums[1] += len(y)
             if out.correct is not None:

@@ -60,9 +60,11 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> "torch.optim.Op
     2.0 ms with the default for-each path, and the whole compiled training step runs at 2,214 vs 2,042 img/s
     (benchmarks/train_step_ab.py, batch 128)."""
     groups = param_groups(model, cfg)
-    fused = next(model.parameters()).device.type in ("cpu", "cuda")
-    if cfg.opt == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False, fused=fused)
+    first = next(model.parameters())
+    fused = first.device.type in ("cpu", "cuda")
+    if cfg.opt == "sgd":  # (a sharded model's parameters are DTensors: torch shards a fused AdamW, not a fused SGD)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False,
+                               fused=fused and not hasattr(first, "placements"))
     if cfg.opt == "muon":
         ns = torch.bfloat16 if cfg.precision == "bf16" else torch.float32  # the run's own precision (planned)
         return MuonAdamW(model, groups, cfg.lr, fused, stem=cfg.muon_stem, embed=cfg.muon_embed, ns_dtype=ns)

@@ -50,7 +50,8 @@ from .build import build_data, for_run, model_config, resident_bytes, search_con
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import (MEMORY_SHARE, MIN_STEPS_PER_EPOCH, BatchTrial, checkpointing_fits, choose_batch,  # noqa: F401
                         scale_lr)  # (BatchTrial: one of the plan's public names)
-from .memory_plan import check_weights_fit, decide_memory, optimizer_moments
+from .memory_plan import check_weights_fit, count_params, decide_memory, optimizer_moments
+from .shard import decide_shard
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
 from .tune import SETTINGS as TUNED, WORST_STEPS
@@ -147,6 +148,10 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     if world > 1:  # the others wait for rank 0's timings outside a collective (NCCL's watchdog ends those at 10 min)
         rank0_done("plan") if rank == 0 else wait_for_rank0("plan")
         cfg = _from_rank0(cfg, p, device)
+    params = count_params(model_config(cfg, data)) if world > 1 else 0
+    cfg, note = decide_shard(cfg, params, device, world, p.asked["compile"])
+    if note:
+        p.notes.append(note)
     if cfg.blr is not None:  # the learning rate per 256 images, at the global batch the plan ends with (MAE's rule)
         lr = cfg.blr * cfg.batch_size * cfg.grad_accum * world / 256
         if lr != cfg.lr:

@@ -27,7 +27,7 @@ from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
 from ..model.ssl import MASKS_DRAWN
 from ..runtime.device import resolve_device
-from ..runtime.distributed import any_rank, broadcast_ints, gather_objects, local_rank, rank_and_world
+from ..runtime.distributed import any_rank, barrier, broadcast_ints, gather_objects, local_rank, rank_and_world
 from ..runtime.memory import release_free_memory
 from ..runtime.calibrate import store_unless_loaded
 from ..runtime.precision import autocast_for, matmul_precision
@@ -35,7 +35,7 @@ from ..runtime.threads import OtherLoad, usable_cores
 from .budget import EVAL_SHARE, WARM_STEPS, TimeBudget
 from .build import (apply_layout, augment_for, build_data, build_model, for_run, model_for_training,
                     preprocessing_for, resident)
-from .checkpoint import load_train_state, recover_run, save_checkpoint
+from .checkpoint import load_train_state, prepare_new, recover_run, save_checkpoint, write_new
 from .config import TrainConfig
 from .ema import ModelEma
 from .objectives import objective_for
@@ -43,6 +43,7 @@ from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
 from .tune import SETTINGS as TUNED, StepTuner
 from .runlog import RunLog
+from .shard import SHARDS, load_shards, load_whole, save_shards, shard_module, whole_copy
 from .ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
 
@@ -154,7 +155,8 @@ class Trainer:
             # JPEGs decoded by the workers, or by the batch on the training device (the plan's decode)
             self.data.train.device_decode = self.data.val.device_decode = cfg.decode == "device" and not cfg.naflex
         self._build()
-        self.train_model = model_for_training(self.module, cfg, self.device, self.world, log)
+        self.train_model = model_for_training(self.module, cfg, self.device, self.world, log,
+                                              sharded=self.twin is not None)
         self.tuner = self._tuner()
         self._tune_t0: float | None = None  # when the optimizer step being timed for the tuner began
         self._chosen_at: tuple[float, float] | None = None  # (the budget's pace at the chosen settings, when)
@@ -206,6 +208,12 @@ class Trainer:
         self.module = self.objective.wrap(self.model).to(self.device)
         if getattr(self.objective, "note", "") and self.rank == 0:
             self.log(self.objective.note)
+        # --shard: the layout set while the weights are whole, then each process keeps its share of them (the
+        # optimizer is built on the shards); ``twin``: the model unsharded and empty, filled to save a checkpoint
+        self.twin = None
+        if cfg.shard and self.world > 1:
+            apply_layout(self.module, cfg.attention, cfg.channels_last)
+            self.twin = shard_module(self.module, self.device)
         self.optimizer = build_optimizer(self.module, cfg)
         self.ema = ModelEma(self.module, cfg.model_ema_decay) if cfg.model_ema else None
         tuning = self.plan.tuning if self.plan is not None else None
@@ -224,11 +232,16 @@ class Trainer:
     def _train_state(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """What ``--resume`` needs; ``rng_ranks``: every rank's random state (``gather_objects``), rank 0's first."""
         rng_ranks = rng_ranks or [self._rng_state()]
+        # a sharded run's weights and optimizer state: in shards/ beside it (_save), each process's own
+        sharded = {"model": {}, "optimizer": {}, "shards": SHARDS, "joint": self.cfg.semi == "joint"} \
+            if self.twin is not None else {}
         return {"model": self.module.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
-                "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(), "rng": rng_ranks[0],
+                "optimizer": self.optimizer.state_dict(), **sharded, "scaler": self.scaler.state_dict(),
+                "rng": rng_ranks[0],
                 "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
                 "epoch_loss": self.epoch_loss, "epochs_trained": self.epochs_trained,
-                "total_steps": self.total_steps, "warmup_steps": self.warmup_steps, "best_top1": self.best_top1,
+                "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                "steps_per_epoch": self.steps_per_epoch, "best_top1": self.best_top1,
                 "last_top1": self.last_top1,
                 "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity(),
                 "masks": MASKS_DRAWN}
@@ -240,15 +253,21 @@ class Trainer:
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         _check_same_classes(ckpt, list(self.data.classes), run_dir)
         s = load_train_state(ckpt)
-        joint = any(str(k).startswith("decoder_") for k in s["model"])  # (a classifier with MAE's decoder)
+        joint = s["joint"] if "shards" in s else any(str(k).startswith("decoder_") for k in s["model"])  # (a
+        # classifier with MAE's decoder)
         if self.cfg.objective == "classify" and joint != (self.cfg.semi == "joint"):
             raise ValueError(f"--resume {run_dir}: it was trained {'with' if joint else 'without'} --semi joint, and a "
                              f"resumed run goes on as it was: {'give' if joint else 'leave out'} --semi joint, or "
                              f"start a new run from its weights (--init {ckpt})")
-        load_state_dict_into(self.module, s["model"], str(ckpt / "train_state.pt"))
+        if "shards" in s:  # written by a sharded run: read into this run's layout, sharded or whole
+            load_shards(self.module, self.optimizer, ckpt / s["shards"])
+        elif self.twin is not None:  # a whole state into a sharded run
+            load_whole(self.module, self.optimizer, s["model"], s["optimizer"])
+        else:
+            load_state_dict_into(self.module, s["model"], str(ckpt / "train_state.pt"))
+            self.optimizer.load_state_dict(s["optimizer"])
         if self.ema is not None and s["ema"] is not None:
             self.ema.load_state_dict(s["ema"])
-        self.optimizer.load_state_dict(s["optimizer"])
         if self.scaler.is_enabled() and s.get("scaler"):
             self.scaler.load_state_dict(s["scaler"])
         elif self.scaler.is_enabled():  # saved by a bf16/fp32 run: fp16's loss scale starts at its default
@@ -262,14 +281,22 @@ class Trainer:
         self._set_rng_state(s)
         self.epoch_loss = s.get("epoch_loss", [0.0, 0])  # checked by load_train_state
         self.best_top1, self.last_top1, self.prior_elapsed = s["best_top1"], s["last_top1"], s["elapsed_s"]
+        # with another number of processes, a step is another global batch: the steps saved are counted again at
+        # this run's steps an epoch (a 2-process run stopped after its 22-step epoch 1 of 66 went on, on one
+        # process, at step 22 of 132: an epoch more than its schedule, on an LR schedule half an epoch behind)
+        other_world = s.get("world", 1) != self.world
+        scale = self.steps_per_epoch / self._saved_steps_per_epoch(s) if other_world else 1.0
         if self.budget:  # keep the plan that fitted the schedule into the budget, its warmup too: back at the
-            self.total_steps = s["total_steps"]  # recipe's, a resumed run past a shortened warmup warmed up again
-            warmup = s.get("warmup_steps")  # (none in a run saved by an older vitkit)
-            if type(warmup) is int and 0 <= warmup <= self.planned_warmup:
-                self.warmup_steps, self._warmup_planned = warmup, True
-        if s.get("world", 1) != self.world and self.batch_in_epoch:
-            self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch {self.epoch}")
-            self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
+            self.total_steps = round(s["total_steps"] * scale)  # recipe's, a resumed run past a shortened warmup
+            warmup = s.get("warmup_steps")  # warmed up again (none in a run saved by an older vitkit)
+            if type(warmup) is int and 0 <= round(warmup * scale) <= self.planned_warmup:
+                self.warmup_steps, self._warmup_planned = round(warmup * scale), True
+        if other_world:
+            if self.batch_in_epoch:
+                self.log(f"resuming with {self.world} processes instead of {s['world']}: restarting epoch "
+                         f"{self.epoch}")
+                self.batch_in_epoch, self.epoch_loss = 0, [0.0, 0]
+            self.step = self.epoch * self.steps_per_epoch
         self._check_same_images(s.get("train_images"))
         if self.cfg.objective == "mpp" and "masks" not in s:  # saved before the masks were drawn by noise()
             self.log("resuming a masked patch prediction saved by an older vitkit, which drew each batch's corruption "
@@ -277,6 +304,15 @@ class Trainer:
                      "would have drawn (not bit for bit as an uninterrupted run)")
         self.out = self.out or run_dir
         self.log(f"resumed from {ckpt}: epoch {self.epoch}, step {self.step}/{self.total_steps}")
+
+    def _saved_steps_per_epoch(self, s: dict[str, Any]) -> int:
+        """The steps an epoch of the saved run took (older states: counted as its sampler counts them)."""
+        saved = s.get("steps_per_epoch")
+        if type(saved) is int and saved > 0:
+            return saved
+        world = s.get("world", 1) if type(s.get("world", 1)) is int and s.get("world", 1) > 0 else 1
+        sampler = GlobalBatchSampler(len(self.data.train), self.cfg.batch_size, 0, world, self.cfg.seed)
+        return max(1, len(sampler) // self.cfg.batch_size // self.cfg.grad_accum)
 
     def _check_ranks_agree(self, cfg: TrainConfig) -> None:
         """Every process starts where rank 0 does. Each reads last/ from its own disk (after torchrun restarts the
@@ -346,10 +382,31 @@ class Trainer:
         """Rank 0 writes ``name``/; with the training state, every rank's random state goes into it (a collective:
         every rank calls this)."""
         rng_ranks = gather_objects(self._rng_state()) if with_state and self.out else None
-        if self.is_main and self.out:
+        if not self.out:
+            return
+        if self.twin is not None:
+            self._save_sharded(name, rng_ranks if with_state else None)
+        elif self.is_main:
             to_save = self.ema.module if self.ema is not None else self.module
             save_checkpoint(self.out, name, to_save, self.preprocessing,
                             self._train_state(rng_ranks) if with_state else None)
+
+    def _save_sharded(self, name: str, rng_ranks: list[dict[str, Any]] | None) -> None:
+        """``name``/ of a sharded run (a collective): its weights whole, gathered to rank 0, and with the training
+        state each process's shards of the weights and the optimizer state in ``shards/``, written into the
+        checkpoint's new folder before rank 0 renames it into place."""
+        whole = whole_copy(self.module, self.twin)
+        new = self.out / f".{name}.new"
+        if self.is_main:
+            prepare_new(new)
+        barrier()
+        if rng_ranks is not None:
+            write_new(new, name, self.out, lambda: save_shards(self.module, self.optimizer, new / SHARDS))
+        if self.is_main:
+            save_checkpoint(self.out, name, whole, self.preprocessing,
+                            self._train_state(rng_ranks) if rng_ranks is not None else None, started=True)
+            self.twin = whole.to("meta")  # (the whole weights go again: rank 0 holds them only to write them)
+        barrier()
 
     def _last_due(self) -> bool:
         """Whether this epoch's end writes last/ (rank 0's choice on every rank: the write is a collective): the
@@ -401,8 +458,11 @@ class Trainer:
 
     def _diverged(self, loss: float) -> None:
         rng_ranks = gather_objects(self._rng_state()) if self.out else None
-        if self.is_main and self.out:
+        if self.twin is not None and self.out:
+            self._save_sharded("diverged", rng_ranks)
+        elif self.is_main and self.out:
             save_checkpoint(self.out, "diverged", self.module, self.preprocessing, self._train_state(rng_ranks))
+        if self.is_main and self.out:
             self.log(f"diverged state written to {self.out / 'diverged'}")
         raise TrainingDiverged(f"loss is {loss} at epoch {self.epoch} step {self.step}; last/ and best/ are kept "
                                f"as they were. Lower {'--blr' if self.cfg.blr is not None else '--lr'}, add "
@@ -677,6 +737,8 @@ class Trainer:
         x, _ = self.augment(x, y, train=False)
         raw, seen, filled, loss = ssl_pictures(module, x, self.augment.mean.flatten() / 255,
                                                self.augment.std.flatten() / 255)
+        if not self.is_main:
+            return
         draw(raw, seen, filled, self.out / "recon" / f"epoch-{self.epoch:03d}.png",
              f"{self.cfg.objective}, epoch {self.epoch}: loss {loss:.4f} on these images\n{how_filled(module)}")
 
@@ -784,7 +846,8 @@ class Trainer:
                 break  # mid-epoch stop: save and leave; --resume continues from this batch
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0  # (or the schedule ended mid-epoch: the time budget)
             metrics = self._evaluate_and_keep_best() if self._eval_due() else None
-            if metrics is not None and self.cfg.objective != "classify" and self.is_main and self.out:
+            if metrics is not None and self.cfg.objective != "classify" and self.out and \
+                    (self.is_main or self.twin is not None):  # (a sharded model's forward is a collective)
                 self._draw_reconstruction()
             if self._last_due():
                 self._save_last()
