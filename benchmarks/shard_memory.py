@@ -2,7 +2,8 @@
 N processes started here with torchrun (gloo on the CPU; NCCL where --device cuda).
 
 Held: the bytes of the weights, gradients and AdamW state a process keeps between steps (its local tensors,
-counted exactly), and the process's resident memory after the steps (on a GPU: the caching allocator's peak). Time:
+counted exactly), and the process's resident memory after the steps, its freed heap given back (on a GPU: the
+caching allocator's peak). Time:
 the median step (forward, backward, the gradients' reduction, AdamW), the processes in step. The two modes run one
 after the other, each in its own processes (a process group holds one mode).
 
@@ -39,6 +40,7 @@ def worker() -> None:
     import torch.distributed as dist
 
     import vitkit
+    from vitkit.runtime.memory import release_free_memory
     from vitkit.training.config import TrainConfig
     from vitkit.training.optim import build_optimizer
     from vitkit.training.shard import shard_module
@@ -75,6 +77,7 @@ def worker() -> None:
     held += sum(local(q.grad).numel() * q.element_size() for q in model.parameters() if q.grad is not None)
     held += sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+    release_free_memory()  # (glibc keeps freed heap: the whole model each process built before it was sharded)
     resident = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
     out = {"rank": rank, "held": held, "resident": resident, "step_s": statistics.median(times),

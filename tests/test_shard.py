@@ -59,7 +59,7 @@ def test_shard_is_decided_from_the_replica_and_refused_with_what_cannot_shard(mo
     # what cannot shard: refused when asked, said when auto would have
     monkeypatch.setattr(shard_mod, "room_per_process", lambda d: (2**30, "1 GiB"))
     for change, words in (({"model_ema": True}, "--model-ema"), ({"opt": "muon"}, "Muon"),
-                          ({"compile": True}, "compile")):
+                          ({"compile": True}, "compile"), ({"precision": "fp16"}, "fp16")):
         with pytest.raises(ValueError, match=words):
             decide_shard(replace(cfg, shard=True, **change), params, cpu, 2)
         out, note = decide_shard(replace(cfg, **change), params, cpu, 2)
@@ -227,3 +227,15 @@ def test_three_sharded_processes_are_read_on_one_and_resumed_on_two(tmp_path):
     final = r.stdout.strip().splitlines()[-1]
     # its 28 steps of 3 x 32 images (2 epochs) counted again as 2 epochs of 2 x 32: it ends at 3 x 22, not later
     assert final.startswith("final: val_top1=") and final.endswith(" steps=66"), final
+
+
+@pytest.mark.long
+def test_mae_pretraining_shards_its_encoder_and_decoder(tmp_path):
+    run = tmp_path / "run"
+    r = torchrun(["--", "pretrain", "--method", "mae", "--epochs", "2", "-b", "32", "--shard", "--output", str(run)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "UserWarning" not in r.stderr, r.stderr[-3000:]  # (FSDP's view warning: see shard_module)
+    for name in ("model.safetensors", "ssl.safetensors", "shards/.metadata"):
+        assert (run / "last" / name).is_file(), name
+    assert (run / "recon" / "epoch-002.png").is_file()  # drawn by rank 0, every rank ran the forward
+    assert any(k.startswith("decoder_blocks.") for k in load_file(str(run / "last" / "ssl.safetensors")))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from ..model.vit import Block
@@ -60,6 +61,9 @@ def what_stops_sharding(cfg: TrainConfig) -> str:
         return "--model-ema keeps a whole copy of the weights on every process"
     if cfg.opt == "muon":
         return "Muon orthogonalises each weight matrix whole, and a process holds only rows of it"
+    if cfg.precision == "fp16":  # (torch's GradScaler finds an inf in the shards a process holds, and skips or
+        # takes the step by that alone: processes that disagree would step apart)
+        return "fp16's loss scaler would decide on each process's shards alone (--precision bf16 or fp32)"
     if cfg.compile:
         return "torch.compile of a sharded model is not tried by vitkit (--compile false)"
     return ""
@@ -99,9 +103,8 @@ def decide_shard(cfg: TrainConfig, params: int, device: torch.device, world: int
 def shard_module(module: nn.Module, device: torch.device) -> nn.Module:
     """``module`` sharded in place, each encoder (and decoder) layer a unit, the rest the root's; returns an
     unsharded copy of it on the meta device (no memory), which ``whole_copy`` fills to save a checkpoint."""
-    import torch.distributed as dist  # (only a sharded run imports FSDP)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh  # start-up time
+    from torch.distributed.fsdp import fully_shard  # start-up time
 
     with torch.no_grad():  # every process starts from rank 0's weights, as DDP's wrap makes them (each process
         for t in module.state_dict().values():  # drew its own at its seed; its shard would be cut from those)
@@ -121,7 +124,7 @@ def shard_module(module: nn.Module, device: torch.device) -> nn.Module:
 def whole_copy(module: nn.Module, twin: nn.Module) -> nn.Module | None:
     """On rank 0, ``twin`` holding the sharded ``module``'s whole weights on the CPU (None on the others); a
     collective: every process calls it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # start-up time
 
     whole = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not whole:  # (cpu_offload: rank 0 alone receives the whole weights)
@@ -132,9 +135,8 @@ def whole_copy(module: nn.Module, twin: nn.Module) -> nn.Module | None:
 
 def save_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """The weights and the optimizer's state, each process writing its own shards into ``path`` (a collective)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    import torch.distributed.checkpoint as dcp  # start-up time
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # start-up time
 
     weights, state = get_state_dict(module, optimizer)
     dcp.save({"model": weights, "optimizer": state}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
@@ -143,9 +145,8 @@ def save_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path)
 def load_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """What ``save_shards`` wrote, into ``module`` and ``optimizer`` as they are now: sharded across this many
     processes, across another number, or whole (DCP reads each tensor into the layout asked)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    import torch.distributed.checkpoint as dcp  # start-up time
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # start-up time
 
     weights, state = get_state_dict(module, optimizer)
     both = {"model": weights, "optimizer": state}
@@ -178,7 +179,7 @@ def load_whole(module: nn.Module, optimizer: torch.optim.Optimizer, weights: dic
     ``optimizer``. The optimizer's state is numbered as ``Optimizer.state_dict`` numbers it (the parameters of
     its groups in order), and the optimizer was built alike from the same model: the numbers are named here by the
     parameters they stand for, which is what the sharded loader takes."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict  # start-up time
 
     names = {id(p): n for n, p in module.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]

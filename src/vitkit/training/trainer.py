@@ -211,7 +211,7 @@ class Trainer:
         # --shard: the layout set while the weights are whole, then each process keeps its share of them (the
         # optimizer is built on the shards); ``twin``: the model unsharded and empty, filled to save a checkpoint
         self.twin = None
-        if cfg.shard and self.world > 1:
+        if cfg.shard is True and self.world > 1:  # ("auto": decided by make_plan, or left unsharded)
             apply_layout(self.module, cfg.attention, cfg.channels_last)
             self.twin = shard_module(self.module, self.device)
         self.optimizer = build_optimizer(self.module, cfg)
