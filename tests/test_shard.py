@@ -232,7 +232,7 @@ def test_three_sharded_processes_are_read_on_one_and_resumed_on_two(tmp_path):
 @pytest.mark.long
 def test_mae_pretraining_shards_its_encoder_and_decoder(tmp_path):
     run = tmp_path / "run"
-    r = torchrun(["--", "pretrain", "--method", "mae", "--epochs", "2", "-b", "32", "--shard", "--output", str(run)])
+    r = torchrun(["--dump", str(tmp_path), "--", "pretrain", "--method", "mae", "--epochs", "2", "-b", "32", "--shard", "--output", str(run)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "UserWarning" not in r.stderr, r.stderr[-3000:]  # (FSDP's view warning: see shard_module)
     for name in ("model.safetensors", "ssl.safetensors", "shards/.metadata"):

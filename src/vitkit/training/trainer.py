@@ -232,19 +232,17 @@ class Trainer:
     def _train_state(self, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """What ``--resume`` needs; ``rng_ranks``: every rank's random state (``gather_objects``), rank 0's first."""
         rng_ranks = rng_ranks or [self._rng_state()]
-        # a sharded run's weights and optimizer state: in shards/ beside it (_save), each process's own
-        sharded = {"model": {}, "optimizer": {}, "shards": SHARDS, "joint": self.cfg.semi == "joint"} \
-            if self.twin is not None else {}
-        return {"model": self.module.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
-                "optimizer": self.optimizer.state_dict(), **sharded, "scaler": self.scaler.state_dict(),
-                "rng": rng_ranks[0],
-                "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-                "epoch_loss": self.epoch_loss, "epochs_trained": self.epochs_trained,
-                "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
-                "steps_per_epoch": self.steps_per_epoch, "best_top1": self.best_top1,
-                "last_top1": self.last_top1,
-                "elapsed_s": self.elapsed(), "world": self.world, "train_images": self.data.train.identity(),
-                "masks": MASKS_DRAWN}
+        # a sharded run's weights and optimizer state: in shards/ beside it, each process's own (_save_sharded)
+        weights = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()} \
+            if self.twin is None else {"model": {}, "optimizer": {}, "shards": SHARDS,
+                                       "joint": self.cfg.semi == "joint"}
+        return {**weights, "ema": self.ema.state_dict() if self.ema else None, "scaler": self.scaler.state_dict(),
+                "rng": rng_ranks[0], "rng_ranks": rng_ranks, "epoch": self.epoch, "step": self.step,
+                "batch_in_epoch": self.batch_in_epoch, "epoch_loss": self.epoch_loss,
+                "epochs_trained": self.epochs_trained, "total_steps": self.total_steps,
+                "warmup_steps": self.warmup_steps, "steps_per_epoch": self.steps_per_epoch,
+                "best_top1": self.best_top1, "last_top1": self.last_top1, "elapsed_s": self.elapsed(),
+                "world": self.world, "train_images": self.data.train.identity(), "masks": MASKS_DRAWN}
 
     def _resume(self, run_dir: Path) -> None:
         recover_run(run_dir)
@@ -253,8 +251,8 @@ class Trainer:
             raise FileNotFoundError(f"--resume {run_dir}: no last/ checkpoint in it")
         _check_same_classes(ckpt, list(self.data.classes), run_dir)
         s = load_train_state(ckpt)
-        joint = s["joint"] if "shards" in s else any(str(k).startswith("decoder_") for k in s["model"])  # (a
-        # classifier with MAE's decoder)
+        # (a classifier with MAE's decoder; a sharded state says so, its weights being in the shards)
+        joint = s["joint"] if "shards" in s else any(str(k).startswith("decoder_") for k in s["model"])
         if self.cfg.objective == "classify" and joint != (self.cfg.semi == "joint"):
             raise ValueError(f"--resume {run_dir}: it was trained {'with' if joint else 'without'} --semi joint, and a "
                              f"resumed run goes on as it was: {'give' if joint else 'leave out'} --semi joint, or "
