@@ -145,13 +145,14 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
         _plan_on_the_free_cores(p)
     if rank == 0:
         cfg = _decide(cfg, data, device, p, start_time, refresh, threads_note == "", log, in_run and world == 1)
+        # (rank 0's alone, as every decision here: ranks reading their free memory apart could shard apart)
+        params = count_params(model_config(cfg, data)) if world > 1 else 0
+        cfg, note = decide_shard(cfg, params, device, world, p.asked["compile"])
+        if note:
+            p.notes.append(note)
     if world > 1:  # the others wait for rank 0's timings outside a collective (NCCL's watchdog ends those at 10 min)
         rank0_done("plan") if rank == 0 else wait_for_rank0("plan")
         cfg = _from_rank0(cfg, p, device)
-    params = count_params(model_config(cfg, data)) if world > 1 else 0
-    cfg, note = decide_shard(cfg, params, device, world, p.asked["compile"])
-    if note:
-        p.notes.append(note)
     if cfg.blr is not None:  # the learning rate per 256 images, at the global batch the plan ends with (MAE's rule)
         lr = cfg.blr * cfg.batch_size * cfg.grad_accum * world / 256
         if lr != cfg.lr:

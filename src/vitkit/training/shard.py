@@ -29,6 +29,7 @@ import torch.nn as nn
 from ..model.vit import Block
 from ..runtime.memory import available_memory
 from .config import TrainConfig
+from .memory_plan import optimizer_moments
 
 SHARDS = "shards"  # the folder of a sharded checkpoint's DCP files, inside last/ (and diverged/)
 # --shard auto shards where a replica (weights, gradients, optimizer moments, in fp32) would take more than this
@@ -39,7 +40,7 @@ KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")  # an optimiz
 
 def replica_bytes(params: int, cfg: TrainConfig) -> int:
     """A DDP replica's fp32 weights, gradients and the optimizer's moments (AdamW two, SGD and Muon one)."""
-    return params * 4 * (2 + (2 if cfg.opt == "adamw" else 1))
+    return params * 4 * (2 + optimizer_moments(cfg))
 
 
 def room_per_process(device: torch.device) -> tuple[int | None, str]:
