@@ -134,6 +134,11 @@ def test_sharded_state_goes_to_a_whole_model_and_a_whole_state_into_a_sharded_on
     after = whole.state_dict()
     assert max(float((got[k] - after[k]).abs().max()) for k in after) < 1e-5
     assert max(float((fresh.state_dict()[k] - after[k]).abs().max()) for k in after) < 1e-5
+    # a truncated shard file (a full disk, a copy cut short): one line naming the folder and the whole weights
+    shard = next((tmp_path / "shards").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"shards: could not read the sharded training state \(rank 0: EOFError"):
+        load_shards(fresh, opt_f, tmp_path / "shards")
     # a state of another model is refused, naming the counts
     small = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(ValueError, match="not the same model"):

@@ -137,16 +137,21 @@ def whole_copy(module: nn.Module, twin: nn.Module) -> nn.Module | None:
 def save_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """The weights and the optimizer's state, each process writing its own shards into ``path`` (a collective)."""
     import torch.distributed.checkpoint as dcp  # start-up time
+    from torch.distributed.checkpoint.api import CheckpointException  # start-up time
     from torch.distributed.checkpoint.state_dict import get_state_dict  # start-up time
 
     weights, state = get_state_dict(module, optimizer)
-    dcp.save({"model": weights, "optimizer": state}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    try:
+        dcp.save({"model": weights, "optimizer": state}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    except CheckpointException as e:  # (a BaseException: as an OSError, checkpoint.write_new says what to do)
+        raise OSError(_why(e)) from None
 
 
 def load_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """What ``save_shards`` wrote, into ``module`` and ``optimizer`` as they are now: sharded across this many
     processes, across another number, or whole (DCP reads each tensor into the layout asked)."""
     import torch.distributed.checkpoint as dcp  # start-up time
+    from torch.distributed.checkpoint.api import CheckpointException  # start-up time
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # start-up time
 
     weights, state = get_state_dict(module, optimizer)
@@ -155,11 +160,20 @@ def load_shards(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path)
         with warnings.catch_warnings():  # (one process: a sharded run resumed without torchrun, as DCP says)
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(both, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-    except Exception as e:  # noqa: BLE001 - DCP's CheckpointException wraps each rank's error
-        raise ValueError(f"{path}: could not read the sharded training state ({' '.join(str(e).split())[:200]})") \
-            from None
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's CheckpointException (a BaseException,
+        # not an Exception) wraps each rank's error: a truncated shard file was a traceback
+        raise ValueError(f"{path}: could not read the sharded training state ({_why(e)}); the whole weights are "
+                         f"in {path.parent / 'model.safetensors'} (--init starts a new run from them)") from None
     with own_kernels(optimizer):
         set_state_dict(module, optimizer, model_state_dict=both["model"], optim_state_dict=both["optimizer"])
+
+
+def _why(e: BaseException) -> str:
+    """DCP's error in a line: each failed rank's own exception (its text is a traceback per rank)."""
+    failures = {r: x[0] if isinstance(x, tuple) else x  # (each: the exception and its frames)
+                for r, x in (getattr(e, "failures", None) or {}).items()}
+    said = "; ".join(f"rank {r}: {type(x).__name__}{': ' + str(x) if str(x) else ''}" for r, x in failures.items())
+    return " ".join((said or str(e)).split())[:200]
 
 
 @contextlib.contextmanager
