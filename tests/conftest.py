@@ -95,3 +95,21 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def one_process_group():
+    """A process group of one (gloo on loopback): FSDP2 and DCP as a sharded run calls them."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -3,15 +3,18 @@ code).
 
     torchrun ... tests/ddp_entry.py [--nan-at STEP:RANK] [--die-at STEP:RANK] [--dump DIR] -- train|pretrain ...
 """
+import faulthandler
 import gc
 import json
 import os
+import signal
 import sys
 
 from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
 from vitkit.cli.main import main
+from vitkit.runtime.distributed import restart_count
 from vitkit.training import trainer as trainer_mod
 
 
@@ -23,9 +26,9 @@ def parse(argv):
     return opts, argv[1:]
 
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/test_ddp.py's launch(): where a hung rank waits
 opts, rest = parse(sys.argv[1:])
 rank = int(os.environ.get("RANK", "0"))
-restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class Faulty(trainer_mod.Trainer):
@@ -39,7 +42,7 @@ class Faulty(trainer_mod.Trainer):
                 if key in opts:
                     step, r = (int(v) for v in opts[key].split(":"))
                     if rank == r and self.step >= step:
-                        if key == "--die-at" and restart == 0:
+                        if key == "--die-at" and restart_count() == 0:  # (the group's round: ranks may change nodes)
                             os._exit(17)  # a crash: no clean-up, no checkpoint
                         if key == "--nan-at":
                             loss = loss * float("nan")

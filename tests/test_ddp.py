@@ -1,4 +1,5 @@
 """DDP with torchrun on CPU (gloo, loopback): 2 processes."""
+import copy
 import os
 import subprocess
 import sys
@@ -15,12 +16,61 @@ ENTRY = str(Path(__file__).with_name("ddp_entry.py"))
 COMMON = ["--epochs", "3", "--crop-padding", "0", "--smoothing", "0", "--lr", "0.001", "--warmup-epochs", "1"]
 
 
-def torchrun(args, nproc=2, max_restarts=0, timeout=240):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--max-restarts={max_restarts}", ENTRY, *args]
-    # PYTHONFAULTHANDLER: a rank that aborts prints where it was
+# torchrun's agent started so that SIGUSR1 prints every thread's stack (as ddp_entry.py's workers do): a launch that
+# hangs says where each process waits instead of only "timed out" (CI saw two such hangs it could not show)
+AGENT = ["-c", "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+         "from torch.distributed.run import main; main()"]
+
+
+def _tree(pid):
+    """``pid`` and its descendants (torchrun starts its workers in sessions of their own: no process group has all)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop())
+        todo.extend(children.get(out[-1], []))
+    return out
+
+
+def launch(cmds, timeout, cwds=None):
+    """Run the torchrun commands together; a list of (exit code, stdout, stderr). One that outlives ``timeout`` is
+    failed with every process's stacks (SIGUSR1) and the end of what each printed, and nothing it started is left
+    running."""
+    import signal
+    import time
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+             for cmd, cwd in zip(cmds, cwds or [None] * len(cmds))]
+    end, outs = time.monotonic() + timeout, []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
+        return [(p.returncode, *out) for p, out in zip(procs, outs)]
+    except subprocess.TimeoutExpired:
+        pids = [q for p in procs for q in _tree(p.pid)]
+        for sig in (signal.SIGUSR1, signal.SIGKILL):
+            for q in pids:
+                try:
+                    os.kill(q, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(3)
+        outs = ["".join(p.communicate()) for p in procs]
+        pytest.fail(f"torchrun still running after {timeout} s; each launch's output with its processes' stacks:\n"
+                    + "\n=====\n".join(o[-12000:] for o in outs), pytrace=False)
+
+
+def torchrun(args, nproc=2, max_restarts=0, timeout=240):
+    cmd = [sys.executable, *AGENT, "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+           ENTRY, *args]
+    return subprocess.CompletedProcess(cmd, *launch([cmd], timeout)[0])
 
 
 @pytest.mark.long
@@ -117,6 +167,83 @@ def test_more_ranks_than_gpus_is_one_line_before_any_process_group(monkeypatch, 
     assert distributed_device("auto") == torch.device("cuda", 1)  # its own GPU, by local rank
 
 
+def test_nodes_whose_agents_count_restarts_apart_start_one_group(tmp_path):
+    """Found by CI (the loopback two-node test hung 300 s): torchrun's agents count restarts each for itself, and a
+    node whose worker was still running when the other node rejoined restarts it without counting. Two ranks on the
+    agents' shared store, as torchrun starts them: a first group, then a second whose ranks have restart counts 1
+    and 0. Both join one group, and both know it is a restart (they resume from last/)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agents = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # (the agents' store)
+    code = ("import torch, torch.distributed as dist; from vitkit.runtime.distributed import init_distributed, "
+            "restart_count; init_distributed('cpu'); t = torch.ones(1); dist.all_reduce(t); "
+            "print(int(t.item()), restart_count()); dist.destroy_process_group()")
+    for counts in ((0, 0), (1, 0)):
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                                  "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                                  "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                                                  "TORCHELASTIC_RESTART_COUNT": str(c), "OMP_NUM_THREADS": "1"})
+                 for r, c in enumerate(counts)]
+        try:
+            outs = [p.communicate(timeout=90)[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"ranks with restart counts {counts} did not form one group in 90 s")
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert [o.split()[-2:] for o in outs] == [["2", str(max(counts))]] * 2, outs
+    del agents
+
+
+def test_micro_batches_of_a_grad_accum_step_are_all_reduced_once(one_process_group, monkeypatch):
+    """DDP all-reduced every micro-batch's gradients (grad_accum times the traffic for the same sum): now only the
+    last of a step's, with the same gradients as the micro-batches' sum (counted with DDP's communication hook)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vitkit.model import VisionTransformer, ViTConfig
+    from vitkit.runtime.distributed import gradients_reduced
+
+    cfg = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=1, num_heads=2)
+    torch.manual_seed(0)
+    plain = VisionTransformer(cfg)
+    ddp = DistributedDataParallel(copy.deepcopy(plain))
+    calls = []
+
+    def counting(state, bucket):
+        calls.append(bucket.index())
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())  # (one process: the sum over ranks is this rank's own)
+        return fut
+
+    ddp.register_comm_hook(None, counting)
+    g = torch.Generator().manual_seed(1)
+    for i in range(4):  # 2 steps of 2 micro-batches
+        x, y = torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+        with gradients_reduced(ddp, now=i % 2 == 1):
+            torch.nn.functional.cross_entropy(ddp(x), y).div(2).backward()
+        torch.nn.functional.cross_entropy(plain(x), y).div(2).backward()
+    assert len(set(calls)) >= 1 and len(calls) == 2 * len(set(calls))  # every bucket once a step, not a micro-batch
+    assert all(torch.allclose(a.grad, b.grad, atol=1e-6) for a, b in zip(ddp.module.parameters(), plain.parameters()))
+    # the trainer asks for the reduction on each step's last micro-batch only
+    import vitkit.training.trainer as trainer_mod
+
+    seen = []
+    real = trainer_mod.gradients_reduced
+    monkeypatch.setattr(trainer_mod, "gradients_reduced", lambda m, now: seen.append(now) or real(m, now))
+    run = Trainer(TrainConfig(dataset="digits", epochs=1, batch_size=32, grad_accum=3, compile=False,
+                              precision="fp32", model_args={"img_size": 8, "patch_size": 4, "embed_dim": 16,
+                                                            "depth": 1, "num_heads": 2}),
+                  log=lambda s: None, progress=False)
+    run.fit()
+    assert len(seen) == 3 * run.steps_per_epoch and seen[:6] == [False, False, True] * 2
+
+
 @pytest.mark.long
 def test_two_ranks_streaming_a_folder_each_read_their_part_and_train_what_one_process_trains(tmp_path):
     """Issue 50: under torchrun each rank streams its own part of every epoch (no image twice, none missed): the
@@ -158,14 +285,11 @@ def two_nodes(args, cwds, max_restarts=0, timeout=300):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+    cmd = [sys.executable, *AGENT, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=vitkit-test", f"--max-restarts={max_restarts}",
            "--monitor-interval=1", ENTRY, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
-             for cwd in cwds]
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    return [p.returncode for p in procs], outs
+    runs = launch([cmd, cmd], timeout, cwds)
+    return [r[0] for r in runs], [r[1] + r[2] for r in runs]
 
 
 @pytest.mark.long

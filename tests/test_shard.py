@@ -1,12 +1,10 @@
 """--shard: FSDP2 under torchrun on CPU (gloo, loopback), 2 and 3 processes, against DDP's run of the same
 settings; its checkpoints read on one process, at another world size, and from a DDP run's state."""
 import copy
-import socket
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
 from test_ddp import COMMON, FIXED, torchrun
@@ -69,20 +67,6 @@ def test_shard_is_decided_from_the_replica_and_refused_with_what_cannot_shard(mo
     assert out.shard is True and out.compile is False
     with pytest.raises(ValueError, match="shard must be"):
         TrainConfig(dataset="digits", shard="sometimes")
-
-
-@pytest.fixture
-def one_process_group():
-    """A process group of one (gloo on loopback): FSDP2 and DCP as a sharded run calls them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _train(model, opt, steps=3, seed=1):

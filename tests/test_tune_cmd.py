@@ -137,6 +137,21 @@ def test_two_processes_share_one_study(tmp_path):
     assert all((out / f"trial-{t.number:03d}" / "last").is_dir() for t in done)
 
 
+def test_processes_opening_a_new_database_at_once_all_open_it(tmp_path):
+    """Found by CI: two `vitkit tune` started together on a new SQLite file; one lost the race to create the tables
+    ("table study_system_attributes already exists", an OperationalError) and stopped. Four processes, three rounds,
+    each on a fresh file (the race lost about one round in two before)."""
+    code = ("import sys, optuna; from vitkit.cli.tune_cmd import _storage; "
+            "optuna.create_study(study_name='v', storage=_storage(sys.argv[1]), load_if_exists=True); print('ok')")
+    for round_ in range(3):
+        url = f"sqlite:///{tmp_path / f'race-{round_}.db'}"
+        procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for _ in range(4)]
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, logs
+    assert len(optuna.load_study(study_name="v", storage=url).trials) == 0
+
+
 def test_a_storage_optuna_cannot_open_is_one_line(tmp_path, capsys):
     """Found by trying: SQLAlchemy's own errors (no such dialect, a file it cannot create) ended in a traceback."""
     for url, words in (("foo://bar", "NoSuchModuleError"),

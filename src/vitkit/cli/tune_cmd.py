@@ -83,8 +83,8 @@ def _storage(url: str) -> Any:
                     and not type(e).__module__.startswith("sqlalchemy"):
                 raise
             # processes started together on a new database create its tables at once: one wins, the others
-            # find them half made (IntegrityError) or locked; a moment later they are there
-            racing = type(e).__name__ == "IntegrityError" or "locked" in str(e)
+            # find them half made (IntegrityError, "table ... already exists") or locked; a moment later they are there
+            racing = type(e).__name__ == "IntegrityError" or "locked" in str(e) or "already exists" in str(e)
             if racing and attempt < 5:
                 time.sleep(0.5 * 2 ** attempt)
                 continue

@@ -7,8 +7,9 @@ import os
 import signal
 import sys
 import uuid
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,8 +28,12 @@ def launched_distributed() -> bool:
 
 
 def restart_count() -> int:
-    """How many times torchrun has restarted the group after a failure (0 on the first start)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    """How many times torchrun has restarted the group after a failure (0 on the first start): the group's round
+    once ``init_distributed`` has counted it (``group_round``), this node's agent's count before."""
+    return _ROUND if _ROUND is not None else int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+_ROUND: int | None = None
 
 
 def local_rank() -> int:
@@ -103,8 +108,8 @@ def launch(nproc: int, argv: list[str], device: str = "auto") -> int:
 
 def init_distributed(device: str = "auto") -> torch.device:
     """The process group from torchrun's environment (nccl on this rank's GPU, gloo on CPU); returns the rank's
-    device. Keys are prefixed with the restart count: after torchrun restarts a failed group, the new ranks must not
-    read the dead ranks' addresses."""
+    device. Keys are prefixed with the group's round (``group_round``): after torchrun restarts a failed group, the
+    new ranks must not read the dead ranks' addresses."""
     dev = distributed_device(device)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -114,12 +119,26 @@ def init_distributed(device: str = "auto") -> torch.device:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         kw["device_id"] = dev  # NCCL binds this rank to its GPU instead of guessing
-    prefixed = dist.PrefixStore(f"vitkit/restart{restart_count()}", store)
+    global _ROUND
+    _ROUND = group_round(store, world, agent_store)
+    prefixed = dist.PrefixStore(f"vitkit/round{_ROUND}", store)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=prefixed, rank=rank, world_size=world,
                             **kw)
     global _STORE
     _STORE = dist.PrefixStore("ready", prefixed)
     return dev
+
+
+def group_round(store: "dist.Store", world: int, agent_store: bool) -> int:
+    """Which start of the group this is, the same on every rank. Not torchrun's restart count: each node's agent
+    keeps its own, and one whose worker was still running when another node rejoined restarts it without counting
+    ("membership changes do not count as retries"), so two nodes started one group with counts 1 and 0 and their
+    ranks waited for each other under different keys (a CI run hung 300 s in the loopback two-node test). The
+    agents' store outlives the groups: each worker counts its arrival there once, ``world`` arrivals a round. (A
+    store of the round's own, without the agents' store: its restart count does.)"""
+    if not agent_store:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return (int(store.add("vitkit/arrivals", 1)) - 1) // world
 
 
 _STORE: "dist.Store | None" = None  # the group's key-value store, for waits longer than a collective's timeout
@@ -182,6 +201,24 @@ def broadcast_ints(values: list[int], device: torch.device) -> list[int]:
     t = torch.tensor(values, device=device)
     dist.broadcast(t, src=0)
     return [int(v) for v in t]
+
+
+@contextmanager
+def gradients_reduced(model: torch.nn.Module, now: bool) -> Iterator[None]:
+    """The forward and backward inside all-reduce DDP's gradients across ranks only if ``now`` (the last micro-batch
+    of a ``--grad-accum`` step); the others add to each rank's own gradients, reduced once with the last (DDP's
+    ``no_sync``). Without it each micro-batch all-reduced its gradients: grad_accum times the step's traffic for the
+    same sum. A sharded model (FSDP2) still reduce-scatters each micro-batch: skipping it
+    (``set_requires_gradient_sync(False)``) would hold every rank's gradients whole between micro-batches, the
+    4 B a parameter that sharding saves and the memory plan counts as 1/world."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = getattr(model, "_orig_mod", model)  # (a compiled wrapper's own module)
+    if now or not isinstance(inner, DistributedDataParallel):
+        yield
+    else:
+        with inner.no_sync():
+            yield
 
 
 def barrier() -> None:

@@ -27,7 +27,8 @@ from ..model.hub import load_state_dict_into
 from ..model.serialization import CONFIG_NAME
 from ..model.ssl import MASKS_DRAWN
 from ..runtime.device import resolve_device
-from ..runtime.distributed import any_rank, barrier, broadcast_ints, gather_objects, local_rank, rank_and_world
+from ..runtime.distributed import (any_rank, barrier, broadcast_ints, gather_objects, gradients_reduced, local_rank,
+                                   rank_and_world)
 from ..runtime.memory import release_free_memory
 from ..runtime.calibrate import store_unless_loaded
 from ..runtime.precision import autocast_for, matmul_precision
@@ -621,15 +622,16 @@ class Trainer:
             if self.tuner is not None and self.batch_in_epoch % cfg.grad_accum == 0:
                 self._tune_before_step()
             x, target = self.augment(x, y, train=True, generator=self.gen)
-            with autocast_for(self.device, self.precision):
-                loss = self.objective.loss(self.train_model, x, target, self.gen)
-            pending += loss.detach().to(acc) * len(y)
-            pending_n += len(y)
-            read = (self.batch_in_epoch + 1) % self.read_every == 0
-            if read:  # (before the backward: a NaN loss is never stepped on when it is read at once)
-                lv = self._read_loss(pending, pending_n)
-                pending_n = 0
-            self.scaler.scale(loss / cfg.grad_accum).backward()
+            with gradients_reduced(self.train_model, now=(self.batch_in_epoch + 1) % cfg.grad_accum == 0):
+                with autocast_for(self.device, self.precision):
+                    loss = self.objective.loss(self.train_model, x, target, self.gen)
+                pending += loss.detach().to(acc) * len(y)
+                pending_n += len(y)
+                read = (self.batch_in_epoch + 1) % self.read_every == 0
+                if read:  # (before the backward: a NaN loss is never stepped on when it is read at once)
+                    lv = self._read_loss(pending, pending_n)
+                    pending_n = 0
+                self.scaler.scale(loss / cfg.grad_accum).backward()
             self.batch_in_epoch += 1
             if self.batch_in_epoch % cfg.grad_accum == 0:
                 self._optimizer_step()
