@@ -249,3 +249,43 @@ def test_a_fixmatch_run_logs_its_confident_share_and_saves_a_plain_classifier(tm
         TrainConfig(semi="fixmatch", semi_threshold=0)
     with pytest.raises(ValueError, match="its strong augmentation works on images of one size"):
         TrainConfig(semi="fixmatch", naflex=True, dataset="folder", data_dir=str(tmp_path))
+
+
+def test_semi_auto_reads_the_measurements_and_takes_a_route_only_where_it_beat_the_default():
+    """``auto`` chooses from results/semi-supervised.csv (its copy in the code is checked against the file here):
+    the default recipe where neither route beat it, a route where one did, and the default, saying so, where
+    nothing was measured near this budget, label fraction or device."""
+    import csv
+    from dataclasses import replace
+    from pathlib import Path
+
+    from vitkit.training.semi_choice import MEASURED, Measured, choose_semi
+
+    arms = {"default": None, "--semi joint": "joint", "--semi fixmatch": "fixmatch"}  # (not the --holdout rows)
+    with open(Path(__file__).parents[1] / "results" / "semi-supervised.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["arm"] in arms]
+    assert sorted(MEASURED, key=repr) == sorted(
+        (Measured("cpu" if "EPYC" in r["machine"] or "Xeon" in r["machine"] else "cuda", float(r["budget_min"]),
+                  float(r["train_fraction"]), arms[r["arm"]], float(r["val_top1"])) for r in rows), key=repr)
+    cfg = TrainConfig(dataset="digits", semi="auto", train_fraction=0.1, time_limit=5)
+    out, note = choose_semi(cfg, "cpu")  # default (63.12 + 62.35) / 2 beat fixmatch 56.76 and joint 49.77
+    assert out.semi is None and "semi: auto -> none" in note and "default 62.73%, fixmatch 56.76%, joint 49.77%" in note
+    out, note = choose_semi(replace(cfg, time_limit=30), "cpu")
+    assert out.semi is None and "neither route was measured" in note and "--time-limit 30" in note
+    assert choose_semi(cfg, "cuda")[0].semi is None and choose_semi(replace(cfg, time_limit=None), "cpu")[0].semi is None
+    won = MEASURED + (Measured("cpu", 4, 0.15, "fixmatch", 70.0),)  # (within a factor of 2 of 5 min and 0.1)
+    out, note = choose_semi(cfg, "cpu", won)
+    assert out.semi == "fixmatch" and note.startswith("semi: auto -> fixmatch: measured best")
+    out, note = choose_semi(replace(cfg, unlabeled="more-images"), "cpu")  # not read where no route trains
+    assert out.unlabeled is None and "--unlabeled more-images is not read" in note
+    assert choose_semi(replace(cfg, semi="joint"), "cpu") == (replace(cfg, semi="joint"), "")
+
+
+def test_a_semi_auto_run_says_its_choice_and_keeps_it_in_the_plan(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--semi", "auto", "--train-fraction", "0.2", "--epochs", "1", "-b", "32", "--output",
+                 str(run), "--compile", "false"]) == 0
+    out = capsys.readouterr().out
+    assert "semi: auto -> none: neither route was measured" in out and "--semi" not in out.split("semi: auto")[0]
+    assert any("semi: auto -> none" in n for n in json.loads((run / "plan.json").read_text())["notes"])
+    assert "semi: null" in (run / "config.yaml").read_text()  # (a resume trains as it was decided)

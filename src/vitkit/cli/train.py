@@ -34,7 +34,9 @@ TRAIN_FLAGS: dict[tuple[str, ...], tuple[str, Any, str]] = {
     ("--semi",): ("semi", str, "learn from the images without labels too (the training images --train-fraction "
                               "leaves out, --unlabeled's, and the labelled ones): joint (MAE's loss beside the "
                               "classifier's; Das et al. 2024) or fixmatch (confident pseudo-labels of weakly "
-                              "augmented images train their strongly augmented views; Sohn et al. 2020)"),
+                              "augmented images train their strongly augmented views; Sohn et al. 2020), or auto (the "
+                              "one measured best at this --time-limit and label fraction on this device type, or "
+                              "neither where neither beat the default: results/semi-supervised.csv)"),
     ("--unlabeled",): ("unlabeled", str, "--semi: a folder or zip of more images without labels (class folders "
                                          "ignored; of a train/ and test/ layout, train/ alone)"),
     ("--semi-weight",): ("semi_weight", float, "--semi: the unlabelled loss's weight beside the cross-entropy (joint "
@@ -296,7 +298,7 @@ def run(args: argparse.Namespace, on_epoch: Any = None) -> int:
     start = getattr(args, "_started", None) or time.time()  # --time-limit counts from the process start (cli.main)
     import torch.distributed as dist
 
-    from ..runtime.distributed import (destroy_process_group, init_distributed, launched_distributed,
+    from ..runtime.distributed import (destroy_process_group, init_distributed, launched_distributed, local_rank,
                                        rank0_done, rank_and_world, restart_count, wait_for_rank0)
     from ..training.build import build_data
     from ..training.plan import make_plan, resolve
@@ -350,10 +352,17 @@ def run(args: argparse.Namespace, on_epoch: Any = None) -> int:
     except FileExistsError as e:
         print(f"{_command(args)}: error: {e}", file=sys.stderr)
         return 2
+    from ..runtime.device import resolve_device
+    from ..training.semi_choice import choose_semi
     from ..training.trainer import unlabelled_pool
+    cfg, semi_note = choose_semi(cfg, resolve_device(cfg.device, local_rank()).type)  # (before its images are read)
+    if semi_note:
+        say(semi_note)
     pool = unlabelled_pool(cfg, data, data.with_train_fraction(cfg.train_fraction, holdout=cfg.holdout),
                            say if rank == 0 else lambda s: None)  # (--semi: read, or refused, before the plan)
     cfg, the_plan = make_plan(cfg, data, recipe, say, start, in_run=True)
+    if semi_note:
+        the_plan.notes.append(semi_note)  # (plan.json)
     if rank == 0:
         print("resolved config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
     trainer = Trainer(cfg, data=data, start_time=start, progress=sys.stderr.isatty(),

@@ -29,7 +29,8 @@ DECODES = ("auto", "workers", "device")  # where streamed JPEGs are decoded
 # as one graph, for the launch-bound small steps of a GPU); compile: true is the default mode
 COMPILE_MODES = ("reduce-overhead",)
 OBJECTIVES = ("classify", "mpp", "mae")  # what the loss compares: training/objectives.py
-SEMI = (None, "joint", "fixmatch")  # with the labels, what the unlabelled images are learnt by (training/objectives.py)
+SEMI = (None, "joint", "fixmatch", "auto")  # with the labels, what the unlabelled images are learnt by
+# (training/objectives.py; auto: training/semi_choice.py)
 SEMI_WEIGHT = {"joint": 0.5, "fixmatch": 1.0}  # each one's own loss weight when semi_weight is not given
 
 

@@ -51,6 +51,7 @@ from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import (MEMORY_SHARE, MIN_STEPS_PER_EPOCH, BatchTrial, checkpointing_fits, choose_batch,  # noqa: F401
                         scale_lr)  # (BatchTrial: one of the plan's public names)
 from .memory_plan import check_weights_fit, count_params, decide_memory, optimizer_moments
+from .semi_choice import choose_semi
 from .shard import decide_shard
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
@@ -128,6 +129,9 @@ def make_plan(cfg: TrainConfig, data: DataSplits | None = None, recipe: str | No
     search_convolutions(device)  # (as the run's steps will be: the candidates are timed so)
     p = Plan(recipe, str(device), machine_name(device),
              {k: getattr(cfg, k) for k in ("precision", "compile", "attention", "channels_last")})
+    cfg, semi_note = choose_semi(cfg, device.type)  # (where the run's own command has not decided it first)
+    if semi_note:
+        p.notes.append(semi_note)
     if world > 1 and cfg.threads is None and not os.environ.get("OMP_NUM_THREADS"):
         n = threads_for_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         torch.set_num_threads(n)  # a probe per rank would disagree between ranks and with them all running

@@ -44,6 +44,7 @@ from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
 from .tune import SETTINGS as TUNED, StepTuner
 from .runlog import RunLog
+from .semi_choice import choose_semi
 from .shard import SHARDS, load_shards, load_whole, save_shards, shard_module, whole_copy
 from .ssl_figure import FIGURE_IMAGES, draw, how_filled, ssl_pictures
 
@@ -124,6 +125,9 @@ class Trainer:
         self.on_epoch = on_epoch  # called with each epoch's metrics row (`vitkit tune` reports and prunes there)
         self.start_time, self.prior_elapsed = start_time or time.time(), 0.0
         self.data = for_run(cfg, data or build_data(cfg))
+        cfg, semi_note = choose_semi(cfg, resolve_device(cfg.device, local_rank()).type)  # (--semi auto)
+        if semi_note and rank_and_world()[0] == 0:
+            log(semi_note)
         # --semi: the images MAE learns from beside the labels (``pool``: read already), read or refused before
         # anything is planned
         if pool is None:
@@ -133,6 +137,8 @@ class Trainer:
         if plan_ is None:  # every "auto", the tier and the threads: decided by the planner (training/plan.py), or
             # on the run's own first steps where it leaves them to the run (training/tune.py)
             cfg, plan_ = make_plan(cfg, self.data, log=log, start_time=self.start_time, in_run=True)
+        if semi_note:
+            plan_.notes.append(semi_note)  # (plan.json)
         self.cfg, self.log, self.plan = cfg, log, plan_
         self.rank, self.world = rank_and_world()
         self.is_main, self.progress, self.stop_requested = self.rank == 0, progress and self.rank == 0, False
