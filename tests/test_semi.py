@@ -288,4 +288,8 @@ def test_a_semi_auto_run_says_its_choice_and_keeps_it_in_the_plan(tmp_path, caps
     out = capsys.readouterr().out
     assert "semi: auto -> none: neither route was measured" in out and "--semi" not in out.split("semi: auto")[0]
     assert any("semi: auto -> none" in n for n in json.loads((run / "plan.json").read_text())["notes"])
-    assert "semi: null" in (run / "config.yaml").read_text()  # (a resume trains as it was decided)
+    assert "semi: null" in (run / "config.yaml").read_text()
+    # the same command again with --resume: it goes on as it was decided (not decided again, perhaps otherwise)
+    assert main(["train", "--semi", "auto", "--train-fraction", "0.2", "--epochs", "2", "-b", "32", "--output",
+                 str(run), "--compile", "false", "--resume", "auto"]) == 0
+    assert "semi: auto" not in capsys.readouterr().out

@@ -146,6 +146,8 @@ def resolve(src: Sources, say: Callable[[str], None] = print,
                                  "--patch-size for the pixels, or a --model of your own")
     for layer in (saved, file_cfg, given, {"model_args": src.model_args}):
         merged = lay_over(merged, layer)  # a --config or flag changing the depth keeps the recipe's width
+    if saved and merged.get("semi") == "auto" and "semi" in saved:  # (the same command again, with --resume)
+        merged["semi"], merged["unlabeled"] = saved["semi"], saved.get("unlabeled")  # decided at the run's start
     if not saved:
         _one_learning_rate(merged, {**file_cfg, **given}, say)
     merged.setdefault("cache_dir", default_cache_dir())
