@@ -201,6 +201,7 @@ def test_nodes_whose_agents_count_restarts_apart_start_one_group(tmp_path):
     del agents
 
 
+@pytest.mark.filterwarnings("ignore:Grad strides")  # (the test's own model: its conv's gradient layout)
 def test_micro_batches_of_a_grad_accum_step_are_all_reduced_once(one_process_group, monkeypatch):
     """DDP all-reduced every micro-batch's gradients (grad_accum times the traffic for the same sum): now only the
     last of a step's, with the same gradients as the micro-batches' sum (counted with DDP's communication hook)."""

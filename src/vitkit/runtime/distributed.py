@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from .device import resolve_device
 
@@ -211,8 +212,6 @@ def gradients_reduced(model: torch.nn.Module, now: bool) -> Iterator[None]:
     same sum. A sharded model (FSDP2) still reduce-scatters each micro-batch: skipping it
     (``set_requires_gradient_sync(False)``) would hold every rank's gradients whole between micro-batches, the
     4 B a parameter that sharding saves and the memory plan counts as 1/world."""
-    from torch.nn.parallel import DistributedDataParallel
-
     inner = getattr(model, "_orig_mod", model)  # (a compiled wrapper's own module)
     if now or not isinstance(inner, DistributedDataParallel):
         yield
