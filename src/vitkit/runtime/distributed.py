@@ -31,10 +31,10 @@ def launched_distributed() -> bool:
 def restart_count() -> int:
     """How many times torchrun has restarted the group after a failure (0 on the first start): the group's round
     once ``init_distributed`` has counted it (``group_round``), this node's agent's count before."""
-    return _ROUND if _ROUND is not None else int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return _RESTARTS if _RESTARTS is not None else int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-_ROUND: int | None = None
+_RESTARTS: int | None = None
 
 
 def local_rank() -> int:
@@ -120,9 +120,9 @@ def init_distributed(device: str = "auto") -> torch.device:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         kw["device_id"] = dev  # NCCL binds this rank to its GPU instead of guessing
-    global _ROUND
-    _ROUND = group_round(store, world, agent_store)
-    prefixed = dist.PrefixStore(f"vitkit/round{_ROUND}", store)
+    global _RESTARTS
+    round_, _RESTARTS = group_round(store, world, agent_store)
+    prefixed = dist.PrefixStore(f"vitkit/round{round_}-of-{world}", store)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=prefixed, rank=rank, world_size=world,
                             **kw)
     global _STORE
@@ -130,16 +130,22 @@ def init_distributed(device: str = "auto") -> torch.device:
     return dev
 
 
-def group_round(store: "dist.Store", world: int, agent_store: bool) -> int:
-    """Which start of the group this is, the same on every rank. Not torchrun's restart count: each node's agent
-    keeps its own, and one whose worker was still running when another node rejoined restarts it without counting
-    ("membership changes do not count as retries"), so two nodes started one group with counts 1 and 0 and their
-    ranks waited for each other under different keys (a CI run hung 300 s in the loopback two-node test). The
-    agents' store outlives the groups: each worker counts its arrival there once, ``world`` arrivals a round. (A
-    store of the round's own, without the agents' store: its restart count does.)"""
+def group_round(store: "dist.Store", world: int, agent_store: bool) -> tuple[int, int]:
+    """(which start of a group of this size this is, how many starts came before it): the same on every rank. Not
+    torchrun's restart count: each node's agent keeps its own, and one whose worker was still running when another
+    node rejoined restarts it without counting ("membership changes do not count as retries"), so two nodes started
+    one group with counts 1 and 0 and their ranks waited for each other under different keys (a CI run hung 300 s
+    in the loopback two-node test). The agents' store outlives the groups: each worker counts its arrival there
+    once, ``world`` arrivals a round, also by world size (torchrun's ``--nnodes MIN:MAX`` may start rounds of other
+    sizes). A worker that died before it arrived leaves its round short; the ranks of the next then disagree whether
+    it is a restart, and stop saying so (cli/train.py). Without the agents' store (a store of each round's own), the
+    restart count."""
     if not agent_store:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    return (int(store.add("vitkit/arrivals", 1)) - 1) // world
+        count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return count, count
+    of_size = int(store.add(f"vitkit/arrivals-of-{world}", 1))
+    before = int(store.add("vitkit/arrivals", 1))
+    return (of_size - 1) // world, (before - 1) // world
 
 
 _STORE: "dist.Store | None" = None  # the group's key-value store, for waits longer than a collective's timeout
