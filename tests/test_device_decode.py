@@ -108,7 +108,14 @@ def test_a_batch_is_decoded_in_chunks_of_bounded_full_size_bytes_each_cut_before
     calls.clear()
     named = []
     decode_batch(items, 3, prep.crop, prep.size, prep.train, CPU, lambda data, where: named.append(where), None)
-    assert named == ["2.jpg"] and sum(c is None for c in calls) == 1  # its chunk (itself) one at a time, not all five
+    assert named == ["2.jpg"] and len(calls) == 4 and calls[1] == [500]  # its chunk (itself) alone, not all five
+    # a damaged file in a chunk of 16: its halves decoded apart down to it (1 + 2 a level x 4 levels), not 16 + 1
+    many = [items[0]] * 7 + [items[2]] + [items[1]] * 8
+    monkeypatch.setattr(dd, "DECODE_BYTES", 10**9)
+    calls.clear(), named.clear()
+    out = decode_batch(many, 3, prep.crop, prep.size, prep.train, CPU, lambda data, where: named.append(where), None)
+    assert named == ["2.jpg"] and len(calls) == 9 and all(isinstance(c, list) for c in calls)
+    assert torch.equal(out[0], whole[0]) and torch.equal(out[15], whole[1]) and out[7] is None
 
 
 def _jpeg_folder(root, per_class=6, bad=None):
