@@ -275,7 +275,8 @@ def test_semi_auto_reads_the_measurements_and_takes_a_route_only_where_it_beat_t
     assert choose_semi(cfg, "cuda")[0].semi is None and choose_semi(replace(cfg, time_limit=None), "cpu")[0].semi is None
     won = MEASURED + (Measured("cpu", 4, 0.15, "fixmatch", 70.0),)  # (within a factor of 2 of 5 min and 0.1)
     out, note = choose_semi(cfg, "cpu", won)
-    assert out.semi == "fixmatch" and note.startswith("semi: auto -> fixmatch: measured best")
+    assert out.semi == "fixmatch" and note.startswith("semi: auto -> fixmatch: measured best at 4/5 min with "
+                                                      "0.1/0.15 of the labels")  # (every measurement it read)
     out, note = choose_semi(replace(cfg, unlabeled="more-images"), "cpu")  # not read where no route trains
     assert out.unlabeled is None and "--unlabeled more-images is not read" in note
     assert choose_semi(replace(cfg, semi="joint"), "cpu") == (replace(cfg, semi="joint"), "")

@@ -60,7 +60,8 @@ def choose_semi(cfg: TrainConfig, device_type: str, measured: tuple[Measured, ..
     scores = {route: mean(v) for route, v in by_route.items()}
     best = max((r for r in scores if r is not None), key=lambda r: scores[r])
     said = ", ".join(f"{r or 'default'} {scores[r]:.2f}%" for r in sorted(scores, key=lambda r: -scores[r]))
-    at = f"at {rows[0].budget_min:g} min with {rows[0].train_fraction:g} of the labels on a {device_type}"
+    at = (f"at {'/'.join(f'{b:g}' for b in sorted({m.budget_min for m in rows}))} min with "
+          f"{'/'.join(f'{f:g}' for f in sorted({m.train_fraction for m in rows}))} of the labels on a {device_type}")
     if scores[best] > scores[None]:
         return replace(cfg, semi=best), f"semi: auto -> {best}: measured best {at} ({said})"
     return replace(cfg, semi=None, unlabeled=None), (
