@@ -124,7 +124,10 @@ def test_bf16_whose_matmuls_are_emulated_is_not_timed_and_the_plan_says_why(monk
     assert any("bf16 not timed (its matmuls take 33.0x fp32's on this CPU, emulated" in n for n in p.notes)
     assert all(c.settings["precision"] == "fp32" for cal in p.calibrations for c in cal.timings)
     monkeypatch.setattr(cpu_mod, "bf16_matmul_slowdown", lambda: 1.2)  # slower, but not by enough to rule it out
-    assert [c["precision"] for c in step_candidates(TrainConfig(precision="auto"), torch.device("cpu"))][-1] == "bf16"
+    for unit, order in ((False, ["fp32", "bf16"]), (True, ["bf16", "fp32"])):  # a reported bf16 unit: timed first
+        monkeypatch.setattr(cpu_mod, "reports_bf16_unit", lambda: unit)  # (the test ran on AVX2 CPUs alone at first:
+        candidates = step_candidates(TrainConfig(precision="auto"), torch.device("cpu"))  # it failed on an AVX512-BF16)
+        assert list(dict.fromkeys(c["precision"] for c in candidates)) == order
 
 
 def test_the_bf16_matmul_check_times_real_matmuls():
