@@ -212,3 +212,49 @@ def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
         assert t.cfg.decode == "device" and t.data.train.device_decode
         r = t.fit()
     assert r.epochs == 1 and asked.count("cuda") >= 2  # (the mean and std are read on the CPU, before training)
+
+
+def test_on_a_played_gpu_a_damaged_jpeg_is_named_or_skipped_and_the_batch_stays_there(tmp_path, monkeypatch):
+    """The GPU's decode refuses a damaged JPEG whose header read; its chunk is decoded in halves down to it, the
+    file is handed to the workers' decode (named, or skipped and counted), and the batch is one GPU tensor. A JPEG
+    that the GPU's decoder refuses but libjpeg reads (played: one with a marked comment) is decoded on the host and
+    moved to the GPU, not stacked from the host beside the GPU's images (which a GPU refuses)."""
+    import torchvision.io
+
+    from device_shim import played_gpu
+    from vitkit.data.augment import batches
+    from vitkit.training.build import build_data
+
+    real = torchvision.io.decode_jpeg
+    calls = []
+
+    def decode_jpeg(data, mode=None, device="cpu"):  # as decode_jpeg(device="cuda") answers: a list on the GPU
+        calls.append((torch.device(device).type, len(data)))
+        if any(REFUSED in bytes(d.numpy()) for d in data):
+            raise RuntimeError("nvjpegDecodeJpeg failed (played)")
+        return [t.to(device) for t in real(data, mode=mode)]
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decode_jpeg)
+    root = _jpeg_folder(tmp_path / "d", bad=True)
+    REFUSED = b"played: refused by the GPU's decoder"
+    (root / "train" / "c1" / "refused.jpg").write_bytes(jpeg(photo(36, 44, seed=7), comment=REFUSED))
+    gpu = torch.device("cuda")
+    for skip in (False, True):
+        data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", skip_bad_images=skip,
+                                      model_args={"img_size": 32}, cache_dir=str(tmp_path / f"c{skip}")))
+        train = data.train
+        train.device_decode, train.workers = True, 0
+        everything = list(range(len(train)))
+        calls.clear()
+        with played_gpu() as shim:
+            if not skip:
+                with pytest.raises(ValueError, match="bad.jpg"):
+                    list(batches(train, everything, len(everything), False, gpu))
+                continue
+            got = list(batches(train, everything, len(everything), False, gpu))
+            assert all(x.device.type == "cuda" and y.device.type == "cuda" for x, y in got)
+            n = sum(len(y) for _, y in got)
+        assert n == len(train) - 1 and train.skipped_in_training == 1  # the refused one trained, from the host
+        jpegs = calls[0][1]  # one batch: its JPEGs (the PNGs are the workers'), the damaged one among them
+        assert all(kind == "cuda" for kind, _ in calls) and len(calls) <= 1 + 4 * (jpegs - 1).bit_length()
+        assert shim.syncs() == 0  # nothing read back from the GPU to find the file or to build the batch
