@@ -481,3 +481,15 @@ def test_gpu_batch_on_a_real_gpu_is_measured_and_fits():
     cfg, p = make_plan(TrainConfig(dataset="fashion-mnist", data_dir=data_dir, batch_size=64, epochs=1),
                        log=lambda s: None)
     assert cfg.batch_size >= 64 and not cfg.gpu_batch and any("batch on this GPU" in n for n in p.notes)
+
+
+def test_in_bf16_on_a_cpu_the_run_starts_on_exact_attention_and_still_times_sdpa(monkeypatch):
+    """The order is where the run starts, not what it keeps: bf16 on a CPU starts on the explicit attention (it won
+    19 of 20 first runs on the bf16 CPU kinds); fp32 and a GPU start on SDPA; both are candidates everywhere."""
+    monkeypatch.setattr(cpu_mod, "bf16_matmul_slowdown", lambda: 0.45)
+    monkeypatch.setattr(cpu_mod, "reports_bf16_unit", lambda: True)
+    cands = step_candidates(TrainConfig(precision="auto", attention="auto", channels_last="auto"), torch.device("cpu"))
+    assert [(c["precision"], c["attention"]) for c in cands[::2]] == [
+        ("bf16", "exact"), ("bf16", "sdpa"), ("fp32", "sdpa"), ("fp32", "exact")]
+    fixed = step_candidates(TrainConfig(precision="bf16", attention="sdpa"), torch.device("cpu"))
+    assert {c["attention"] for c in fixed} == {"sdpa"}  # a flag is kept
