@@ -20,6 +20,7 @@ torch.compile's CUDA backend (compiled paths are counted with ``torch._dynamo.ex
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from typing import Any, Iterator
 from unittest import mock
@@ -65,7 +66,17 @@ class PlayedGPU:
         self.gpus = gpus
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.counts: Counter[str] = Counter()
-        self.inherit = 0  # inside a C++ function called with GPU tensors: its new tensors are the GPU's
+        self._thread = threading.local()  # (a C++ function's depth is its thread's: another thread's factories
+        # made while the training thread is inside one are the CPU's)
+
+    @property
+    def inherit(self) -> int:
+        """Inside a C++ function called with GPU tensors (on this thread): its new tensors are the GPU's."""
+        return getattr(self._thread, "inherit", 0)
+
+    @inherit.setter
+    def inherit(self, depth: int) -> None:
+        self._thread.inherit = depth
 
     def on(self, t: torch.Tensor) -> bool:
         try:
@@ -283,6 +294,15 @@ def played_gpu(gpus: int = 1, free_gib: float = 70.0) -> Iterator[PlayedGPU]:
         for name in ("torch.utils._foreach_utils", "torch.optim.optimizer", "torch.nn.utils.clip_grad"):
             module = importlib.import_module(name)
             stack.enter_context(mock.patch.object(module, "_group_tensors_by_device_and_dtype", group))
+        # torch's modes are a thread's own: a thread started while the GPU is played (the device decode's, ahead of
+        # the step) plays it too, or its .to("cuda") would reach the CPU build's CUDA and fail
+        real_run = threading.Thread.run
+
+        def run(thread):
+            with _OnDevice(shim), _Looks(shim):
+                real_run(thread)
+
+        stack.enter_context(mock.patch.object(threading.Thread, "run", run))
         stack.enter_context(_OnDevice(shim))
         stack.enter_context(_Looks(shim))
         yield shim

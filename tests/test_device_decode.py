@@ -5,6 +5,7 @@ GPU where the batch's decode is handed the GPU)."""
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -65,6 +66,32 @@ def test_exif_orientation_is_applied_as_pil_applies_it(orientation):
     assert got.shape == want.shape and (got - want).abs().mean() < 1.0
 
 
+@pytest.mark.parametrize("orientation", [1, 6])
+def test_the_training_crop_is_drawn_where_the_file_is_read_and_cut_as_the_workers_cut_it(orientation):
+    """A worker draws the inception crop's box from the file's header (the image as oriented) with the generator its
+    PIL decode would draw it from; the device cuts that box: the PIL crop's pixels, seed for seed. (So the device's
+    decode draws nothing and can run on another thread, issue 80 N2.)"""
+    from vitkit.data.device_decode import draw_box, jpeg_header
+
+    spec = {**EVAL, "train_area": [0.25, 1.0]}
+    prep = Prepare((48, 48), 1000, spec, train=True)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = jpeg(photo(90, 60, seed=3), exif=exif.tobytes())
+    o, pixels, hw = jpeg_header(data)
+    assert hw == ((60, 90) if orientation == 6 else (90, 60))
+    boxes = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        want = torch.from_numpy(prep.array(data, "x.jpg", 3)).float()  # the workers' PIL decode and crop
+        torch.manual_seed(seed)
+        boxes.append(draw_box(spec, True, hw))
+        item = (torch.frombuffer(bytearray(data), dtype=torch.uint8), o, "x.jpg", pixels, boxes[-1])
+        got = decode_batch([item], 3, spec, prep.size, True, CPU, None, prep.decode_side)[0].float()
+        assert got.shape == want.shape == (3, 48, 48) and (got - want).abs().mean() < 1.5, (seed, boxes[-1])
+    assert len(set(boxes)) == 3 and draw_box(spec, False, hw) is None and draw_box(EVAL, True, hw) is None
+
+
 def test_what_the_device_cannot_decode_is_left_to_the_workers():
     b = io.BytesIO()
     photo(20, 20).save(b, "PNG")
@@ -87,7 +114,7 @@ def test_a_batch_is_decoded_in_chunks_of_bounded_full_size_bytes_each_cut_before
     assert chunks([], 3, 60) == []
     sizes = [(40, 30), (60, 50), (30, 30), (80, 64), (20, 50)]
     datas = [jpeg(photo(h, w, seed=i)) for i, (h, w) in enumerate(sizes)]
-    assert jpeg_header(datas[1]) == (1, 60 * 50)
+    assert jpeg_header(datas[1]) == (1, 60 * 50, (60, 50))
     items = [(torch.frombuffer(bytearray(d), dtype=torch.uint8), *jpeg_header(d)[:1], f"{i}.jpg", jpeg_header(d)[1])
              for i, d in enumerate(datas)]
     prep = Prepare((48, 48), 4 * 55, EVAL)
@@ -191,10 +218,11 @@ def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
     from device_shim import played_gpu
 
     real = torchvision.io.decode_jpeg
-    asked = []
+    asked, threads = [], set()
 
     def decode_jpeg(data, mode=None, device="cpu"):
         asked.append(torch.device(device).type)
+        threads.add(threading.current_thread().name.split("_")[0])
         out = real(data, mode=mode)
         return [t.to(device) for t in out] if isinstance(out, list) else out.to(device)
 
@@ -212,6 +240,7 @@ def test_on_a_played_gpu_the_batch_is_decoded_there(tmp_path, monkeypatch):
         assert t.cfg.decode == "device" and t.data.train.device_decode
         r = t.fit()
     assert r.epochs == 1 and asked.count("cuda") >= 2  # (the mean and std are read on the CPU, before training)
+    assert threads == {"MainThread", "vitkit-decode"}  # on a GPU the batches are decoded ahead, on a thread (N2)
 
 
 def test_on_a_played_gpu_a_damaged_jpeg_is_named_or_skipped_and_the_batch_stays_there(tmp_path, monkeypatch):
@@ -258,3 +287,46 @@ def test_on_a_played_gpu_a_damaged_jpeg_is_named_or_skipped_and_the_batch_stays_
         jpegs = calls[0][1]  # one batch: its JPEGs (the PNGs are the workers'), the damaged one among them
         assert all(kind == "cuda" for kind, _ in calls) and len(calls) <= 1 + 4 * (jpegs - 1).bit_length()
         assert shim.syncs() == 0  # nothing read back from the GPU to find the file or to build the batch
+
+
+def test_the_next_batch_is_decoded_on_a_thread_while_the_step_trains_and_the_batches_are_the_same(tmp_path,
+                                                                                                 monkeypatch):
+    """Issue 80, N2: the device's decode of batch i+1 runs on its own thread while the step trains on batch i (on a
+    GPU by default; asked for here on the CPU), and gives the very batches the training thread's decode gives,
+    random training crops included (drawn by the workers, seeded from the run's generator)."""
+    import dataclasses
+
+    from vitkit.data import stream
+    from vitkit.data.augment import batches
+    from vitkit.training.build import build_data
+
+    where = []
+    real = stream.decode_batch
+
+    def decode_batch(*a, **k):
+        where.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(stream, "decode_batch", decode_batch)
+    root = _jpeg_folder(tmp_path / "d", per_class=8)
+    data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream",
+                                  model_args={"img_size": 32}, cache_dir=str(tmp_path / "c")))
+    train = data.train
+    train.prep = dataclasses.replace(train.prep, crop={**EVAL, "img_size": [32, 32], "train_area": [0.25, 1.0]},
+                                     train=True)
+    train.device_decode = True
+    got = {}
+    for ahead in (False, True):
+        for workers in (0, 1):
+            train.decode_ahead, train.workers = ahead, workers
+            where.clear()
+            torch.manual_seed(0)
+            got[ahead, workers] = list(batches(train, list(range(len(train))), 5, False, CPU))
+            assert all(w.startswith("vitkit-decode") == ahead for w in where) and len(where) == 5  # 24 images / 5
+            assert sum(len(y) for _, y in got[ahead, workers]) == len(train)
+    for workers in (0, 1):
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(got[False, workers], got[True, workers], strict=True))
+    torch.manual_seed(1)  # another seed, other crops: the comparison above can tell batches apart
+    other = list(batches(train, list(range(len(train))), 5, False, CPU))
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(other, got[True, 1]))

@@ -27,18 +27,35 @@ EXIF_ORIENTATION = 0x0112
 DECODE_BYTES = 512 * 2**20
 
 
-def jpeg_header(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[int, int] | None:
-    """(EXIF orientation (1: as stored), pixels) of a JPEG that ``decode_jpeg`` can take on a device (8-bit gray or
-    RGB, at most ``max_pixels``), read from its header alone; None for anything else (the workers decode those)."""
+def jpeg_header(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[int, int, tuple[int, int]] | None:
+    """(EXIF orientation (1: as stored), pixels, (height, width) once oriented) of a JPEG that ``decode_jpeg`` can
+    take on a device (8-bit gray or RGB, at most ``max_pixels``), read from its header alone; None for anything else
+    (the workers decode those)."""
     if not data.startswith(JPEG_MAGIC):
         return None
     try:
         img = Image.open(io.BytesIO(data))  # lazy: the header only
         if img.format != "JPEG" or img.mode not in ("L", "RGB") or img.width * img.height > max_pixels:
             return None
-        return int(img.getexif().get(EXIF_ORIENTATION, 1)), img.width * img.height
+        orientation = int(img.getexif().get(EXIF_ORIENTATION, 1))
+        hw = (img.width, img.height) if orientation in (5, 6, 7, 8) else (img.height, img.width)  # (turned 90)
+        return orientation, img.width * img.height, hw
     except Exception:  # noqa: BLE001 - any header PIL cannot read: the workers' decode names what is wrong
         return None
+
+
+def draw_box(crop: dict[str, Any] | None, train: bool, hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """The training crop's (top, left, height, width) in an image of ``hw`` (once oriented), drawn where the file was
+    read (a DataLoader worker, from its own seeded generator, as its PIL decode draws it), so that the decode on the
+    device is a function of the batch alone and can run ahead of the step on another thread (issue 80, N2); None
+    where the cut draws nothing (the evaluation crop, or no crop)."""
+    from torchvision.transforms import v2  # torchvision's transforms load on first use
+
+    if crop is None or not train or "train_area" not in crop:
+        return None
+    shape = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, *hw)  # the size alone (no pixels allocated)
+    p = crop_geometry(crop, train).make_params([shape])  # RandomResizedCrop's own draw
+    return p["top"], p["left"], p["height"], p["width"]
 
 
 def jpeg_orientation(data: bytes, max_pixels: int = MAX_PIXELS) -> int | None:
@@ -78,14 +95,18 @@ def orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def cut(img: torch.Tensor, crop: dict[str, Any] | None, size: tuple[int, int] | None, train: bool,
-        decode_side: int | None = None) -> torch.Tensor:
+        decode_side: int | None = None, box: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """A decoded image cut as the workers cut a PIL image (``stream.Prepare``): the crop (inception crop when
-    training with a ``train_area``, else the evaluation crop); without one, first made to fit ``decode_side`` (as
-    the workers' reduced-scale decode does), then the model's size (bicubic, antialiased)."""
+    training with a ``train_area``: at ``box`` where the worker drew it, ``draw_box``; else the evaluation crop);
+    without one, first made to fit ``decode_side`` (as the workers' reduced-scale decode does), then the model's size
+    (bicubic, antialiased)."""
     from torchvision.transforms import v2  # torchvision's transforms load on first use
 
     bicubic = v2.InterpolationMode.BICUBIC
-    if crop is not None:
+    if crop is not None and box is not None:
+        img = v2.functional.resized_crop(img, *box, size=list(crop["img_size"]),
+                                         interpolation=v2.InterpolationMode(crop["interpolation"]), antialias=True)
+    elif crop is not None:
         img = crop_geometry(crop, train)(img)
     elif decode_side and (box := fit_within(tuple(img.shape[-2:]), decode_side)) is not None:
         img = v2.functional.resize(img, list(box), interpolation=bicubic, antialias=True)
@@ -113,7 +134,7 @@ def decode_batch(items: list[Any], channels: int, crop: dict[str, Any] | None, s
                  train: bool, device: torch.device, fallback, decode_side: int | None = None
                  ) -> list[torch.Tensor | None]:
     """The batch's images as (C, H, W) uint8 on ``device``: ``items`` are either images the workers decoded
-    (tensors) or ``(bytes, orientation, where, pixels)`` of JPEGs, decoded here in one call a chunk of at most
+    (tensors) or ``(bytes, orientation, where, pixels, box)`` of JPEGs (``box``: the training crop's, ``draw_box``), decoded here in one call a chunk of at most
     ``DECODE_BYTES`` decoded (pixels unknown: ``MAX_PIXELS``). A JPEG the device's decoder refuses (a damaged file
     whose header read; found by decoding its chunk's halves apart, ``_decode_all``) is handed to ``fallback(bytes, where)`` (the workers' decode:
     its image, or a BadImageError naming the file; None in its place when bad files are skipped)."""
@@ -133,7 +154,8 @@ def decode_batch(items: list[Any], channels: int, crop: dict[str, Any] | None, s
             if img is None:
                 out[i] = fallback(bytes(items[i][0].numpy()), items[i][2])
             else:
-                out[i] = cut(orient(img, items[i][1]), crop, size, train, decode_side)
+                box = items[i][4] if len(items[i]) > 4 else None
+                out[i] = cut(orient(img, items[i][1]), crop, size, train, decode_side, box)
         del decoded  # (the chunk's full-size images, freed before the next chunk's)
     return out
 

@@ -11,6 +11,7 @@ The files are listed once and their headers read once (sizes, gray or colour), c
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -22,7 +23,7 @@ import time
 import zipfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from PIL import Image
 
 from ..model.serialization import atomic_write
 from ..runtime.memory import release_free_memory
-from .device_decode import decode_batch, jpeg_header
+from .device_decode import decode_batch, draw_box, jpeg_header
 from .images import (BadImageError, decode_within, fit_within, inception_crop, is_gray, resize_and_crop, to_array,
                      too_many_pixels)
 
@@ -220,6 +221,8 @@ class StreamedImages(torch.utils.data.Dataset):
         # JPEGs decoded by the workers (False), or in the main process on the device its batches go to (True:
         # device_decode.py)
         self.device_decode = False
+        # the device's decode of the next batch on a thread while the step trains (None: on a GPU; _decoded_ahead)
+        self.decode_ahead: bool | None = None
         self._kept: tuple[tuple[int, str, bool], torch.utils.data.DataLoader, "_Chunks"] | None = None
 
     def __len__(self) -> int:
@@ -251,8 +254,9 @@ class StreamedImages(torch.utils.data.Dataset):
         try:
             data = self.reader.read(name)
             if self.device_decode and (h := jpeg_header(data)) is not None:  # the device decodes it
-                return (torch.frombuffer(bytearray(data), dtype=torch.uint8), h[0], self.reader.where(name), h[1]), \
-                    int(self.labels[i]), ""
+                box = draw_box(self.prep.crop, self.prep.train, h[2])  # (drawn here: device_decode.draw_box)
+                return (torch.frombuffer(bytearray(data), dtype=torch.uint8), h[0], self.reader.where(name), h[1],
+                        box), int(self.labels[i]), ""
             a = self.prep.array(data, self.reader.where(name), self.channels)
         except BadImageError as e:
             return None, int(self.labels[i]), str(e)
@@ -331,15 +335,11 @@ class StreamedImages(torch.utils.data.Dataset):
             # a worker is copied the first time the training process writes to it again, and both copies count
             release_free_memory()
         try:
-            for x, y, bad in self.loader(chunks, device, workers):
-                if bad:
-                    self._passed_over(bad)
-                    if x is None:
-                        continue
-                if self.device_decode:  # the batch's JPEGs decoded and cut on the device, in one call
-                    x, y = self._decode(x, y, device)
-                    if x is None:
-                        continue
+            read = self._read(self.loader(chunks, device, workers))
+            if self.device_decode:  # the batch's JPEGs decoded and cut on the device, in one call
+                ahead = device.type == "cuda" if self.decode_ahead is None else self.decode_ahead
+                read = (self._decoded_ahead if ahead else self._decoded)(read, device)
+            for x, y in read:
                 yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         except RuntimeError as e:
             if "DataLoader" not in str(e):
@@ -347,6 +347,43 @@ class StreamedImages(torch.utils.data.Dataset):
             raise ValueError(f"reading {self.reader.path}: {' '.join(str(e).split())[:300]} (a worker killed for "
                              "memory? fewer --workers, a smaller --batch-size, or --data-mode memory where it "
                              "fits)") from None
+
+
+    def _read(self, loader: Iterable[tuple[Any, torch.Tensor, list[str]]]) -> Iterator[tuple[Any, torch.Tensor]]:
+        """The workers' batches, the files that did not decode passed over (or named)."""
+        for x, y, bad in loader:
+            if bad:
+                self._passed_over(bad)
+            if x is not None:
+                yield x, y
+
+    def _decoded(self, read: Iterable[tuple[Any, torch.Tensor]], device: torch.device
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for items, y in read:
+            x, y = self._decode(items, y, device)
+            if x is not None:
+                yield x, y
+
+    def _decoded_ahead(self, read: Iterable[tuple[Any, torch.Tensor]], device: torch.device
+                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """As ``_decoded``, each batch decoded on a thread of its own while the step trains on the one before (issue
+        80, N2: on the training thread a GPU's decode waited for the device twice a call and cut its photos one by
+        one in Python, while the GPU idled). The decode draws nothing (the workers drew the crops: ``draw_box``), so
+        the batches are the ones ``_decoded`` gives; the thread's kernels go to the device's default stream, as the
+        step's do, in the order they were queued, and a batch is handed over only once its decode has returned."""
+        def on_device() -> None:  # (a thread starts on the first GPU)
+            if device.type == "cuda" and device.index is not None:
+                torch.cuda.set_device(device.index)
+
+        with concurrent.futures.ThreadPoolExecutor(1, "vitkit-decode", on_device) as pool:
+            pending = None
+            for items, y in read:
+                queued = pool.submit(self._decode, items, y, device)
+                if pending is not None and (done := pending.result())[0] is not None:
+                    yield done
+                pending = queued
+            if pending is not None and (done := pending.result())[0] is not None:
+                yield done
 
 
 class _Chunks:
