@@ -330,3 +330,28 @@ def test_the_next_batch_is_decoded_on_a_thread_while_the_step_trains_and_the_bat
     torch.manual_seed(1)  # another seed, other crops: the comparison above can tell batches apart
     other = list(batches(train, list(range(len(train))), 5, False, CPU))
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(other, got[True, 1]))
+
+
+def test_the_gpu_batch_is_sized_with_the_decode_ahead_held_beside_the_step(tmp_path):
+    """The next batch is decoded (at full size, up to DECODE_BYTES) while the step runs, so on a GPU the batch search
+    sizes the step to the free memory less that, where a stream's JPEGs may be decoded there; not for the workers'
+    decode, nor for data held in memory."""
+    from device_shim import played_gpu
+    from vitkit.data.device_decode import DECODE_BYTES
+    from vitkit.training.build import build_data
+    from vitkit.training.plan import _held_beside_the_step
+
+    root = _jpeg_folder(tmp_path / "d")
+    gpu = torch.device("cuda")
+    for mode, decode, want in (("stream", "device", DECODE_BYTES), ("stream", "auto", DECODE_BYTES),
+                               ("stream", "workers", 0), ("memory", "auto", None)):
+        cfg = TrainConfig(dataset="folder", data_dir=str(root), data_mode=mode, decode=decode,
+                          model_args={"img_size": 32}, cache_dir=str(tmp_path / f"c{mode}"))
+        data = build_data(cfg)
+        with played_gpu(free_gib=70.0):
+            held, what = _held_beside_the_step(cfg, data, gpu)
+        if want is None:  # in memory: the dataset itself lives on the GPU
+            assert held == sum(t.images.nbytes + t.labels.nbytes for t in (data.train, data.val))
+            assert what == ["the dataset, resident there"]
+        else:
+            assert held == want and (what == [] if not want else "decoded at full size" in what[0])

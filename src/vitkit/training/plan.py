@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ..data.datasets import DataSplits
+from ..data.device_decode import DECODE_BYTES
 from ..data.sampler import check_batches
 from ..data.stream import choose_workers, worker_candidates
 from ..runtime.calibrate import Calibration, NothingRuns, Timing, cached, cached_of_kind, calibrate
@@ -637,13 +638,13 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
         return cfg
     setting = setting or {"precision": cfg.precision, "attention": cfg.attention, "channels_last": cfg.channels_last}
     free, _ = torch.cuda.mem_get_info(device)
-    held = _held_beside_the_step(cfg, data, device)
+    held, what_held = _held_beside_the_step(cfg, data, device)
     batch, trials = choose_batch(_batch_measure(cfg, data, device, setting), cfg.batch_size, len(data.train),
                                  max(free - held, 0))
     torch.cuda.empty_cache()
     if held:
-        p.notes.append(f"GPU memory held beside the step: {held / 2**30:.2f} GiB (the dataset, resident there, and the "
-                       "EMA copy of the weights), out of the free memory the batch is sized to")
+        p.notes.append(f"GPU memory held beside the step: {held / 2**30:.2f} GiB ({', '.join(what_held)}), out of the "
+                       "free memory the batch is sized to")
     p.notes.append("batch on this GPU: " + (", ".join(
         f"{t.batch} {t.img_per_s:,.0f} img/s {t.peak_bytes / 2**30:.1f} GiB" + ("" if t.fits else " (does not fit)")
         for t in trials) + f" -> {batch}" if trials else
@@ -667,13 +668,18 @@ def _decide_batch(cfg: TrainConfig, data: DataSplits, device: torch.device, p: P
     return TrainConfig.from_dict({**cfg.to_dict(), **new, "gpu_batch": False})
 
 
-def _held_beside_the_step(cfg: TrainConfig, data: DataSplits, device: torch.device) -> int:
-    """Bytes the run will hold on the GPU besides what its step peaks at, once the batch is chosen: the dataset when
-    it will live there (build.resident) and the EMA's copy of the parameters."""
-    held = resident_bytes(data, device)
+def _held_beside_the_step(cfg: TrainConfig, data: DataSplits, device: torch.device) -> tuple[int, list[str]]:
+    """Bytes the run will hold on the GPU besides what its step peaks at, once the batch is chosen, and what they
+    are: the dataset when it will live there (build.resident), the EMA's copy of the parameters, and where a stream's
+    JPEGs may be decoded on the GPU (``--decode device``, or ``auto`` before it is decided) the decode's full-size
+    chunk, which is decoded while the step runs (data/stream.py, ``_decoded_ahead``)."""
+    parts = {"the dataset, resident there": resident_bytes(data, device)}
     if cfg.model_ema:
-        held += 4 * sum(p.numel() for p in VisionTransformer(model_config(cfg, data)).parameters())
-    return held
+        parts["the EMA copy of the weights"] = 4 * sum(p.numel() for p in
+                                                      VisionTransformer(model_config(cfg, data)).parameters())
+    if data.streamed and cfg.decode in ("device", "auto") and not cfg.naflex:
+        parts["the next batch's JPEGs decoded at full size, while the step runs"] = DECODE_BYTES
+    return sum(parts.values()), [what for what, n in parts.items() if n]
 
 
 def _batch_measure(cfg: TrainConfig, data: DataSplits, device: torch.device, setting: dict[str, Any]
