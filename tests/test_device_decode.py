@@ -99,6 +99,10 @@ def test_what_the_device_cannot_decode_is_left_to_the_workers():
     assert jpeg_orientation(jpeg(photo(20, 20, mode="CMYK"))) is None
     assert jpeg_orientation(jpeg(photo(20, 20, mode="L"))) == 1
     assert jpeg_orientation(jpeg(photo(30, 30)), max_pixels=100) is None  # too large to decode whole on a GPU
+    # progressive: nvJPEG's batched decode takes baseline JPEGs only (torchvision decodes the others one by one, on
+    # the thread that feeds the GPU); the workers decode them side by side
+    assert jpeg_orientation(jpeg(photo(30, 30), progressive=True)) is None
+    assert jpeg_orientation(jpeg(photo(30, 30), progressive=False)) == 1
     assert torch.equal(orient(torch.arange(6).reshape(1, 2, 3), 1), torch.arange(6).reshape(1, 2, 3))
 
 
@@ -152,10 +156,10 @@ def _jpeg_folder(root, per_class=6, bad=None):
             d.mkdir(parents=True)
             for i in range(per_class):
                 img = photo(30 + 7 * i, 40 + 3 * c, seed=c * 100 + i)
-                if i == 0:  # a PNG and a gray JPEG among them: the batch mixes both decodes
+                if i == 0:  # a PNG, a gray JPEG and a progressive one among them: the batch mixes both decodes
                     img.save(d / f"{i}.png")
                 else:
-                    (d / f"{i}.jpg").write_bytes(jpeg(img if i != 1 else img.convert("L")))
+                    (d / f"{i}.jpg").write_bytes(jpeg(img if i != 1 else img.convert("L"), progressive=i == 2))
     if bad is not None:
         good = jpeg(photo(30, 40))
         (root / "train" / "c0" / "bad.jpg").write_bytes(good[:300] + b"\x00" * 200)  # the header reads
