@@ -359,3 +359,29 @@ def test_the_gpu_batch_is_sized_with_the_decode_ahead_held_beside_the_step(tmp_p
             assert what == ["the dataset, resident there"]
         else:
             assert held == want and (what == [] if not want else "decoded at full size" in what[0])
+
+
+def test_on_a_gpu_host_the_workers_are_as_many_as_its_memory_holds(tmp_path, monkeypatch):
+    """Issue 80, P9: on a GPU the step's memory is the GPU's, and the host's was never planned: --workers 64 started
+    64 workers whatever the host had. Each holds its batches in flight (PREFETCH x 3 copies of a batch of uint8
+    images, memory_plan.worker_bytes); the host's room less RESERVE decides how many start, and the plan says so."""
+    from device_shim import played_gpu
+    from vitkit.data.stream import PREFETCH
+    from vitkit.runtime.memory import Memory
+    from vitkit.training import memory_plan, plan as plan_mod
+    from vitkit.training.build import build_data
+
+    root = _jpeg_folder(tmp_path / "d")
+    cfg = TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", workers=64, batch_size=512,
+                      eval_batch_size=256, model_args={"img_size": 32}, cache_dir=str(tmp_path / "c"))
+    data = build_data(cfg)
+    per = memory_plan.WORKER_BYTES + 3 * PREFETCH * 512 * 3 * 32 * 32  # 64 MiB + 18 MiB of batches in flight
+    for room_workers in (1, 0):  # (under the cores' cap: two a core)
+        available = memory_plan.RESERVE + room_workers * per + per // 2
+        monkeypatch.setattr(memory_plan, "available_memory", lambda: Memory(available, None, "host MemAvailable"))
+        p = plan_mod.Plan("folder", "cuda:0", "played", {})
+        with played_gpu():
+            out = plan_mod._decide_workers(cfg, data, torch.device("cuda"), p)
+        assert out.workers == room_workers and p.memory["max_workers"] == room_workers
+        assert any(n.startswith("host memory:") and f"{room_workers} fit" in n for n in p.notes)
+        assert any(f"--workers 64 -> {room_workers}" in n and "memory" in n for n in p.notes)

@@ -51,7 +51,7 @@ from .build import build_data, for_run, model_config, resident_bytes, search_con
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import (MEMORY_SHARE, MIN_STEPS_PER_EPOCH, BatchTrial, checkpointing_fits, choose_batch,  # noqa: F401
                         scale_lr)  # (BatchTrial: one of the plan's public names)
-from .memory_plan import check_weights_fit, count_params, decide_memory, optimizer_moments
+from .memory_plan import check_weights_fit, count_params, decide_memory, gpu_host_workers, optimizer_moments
 from .semi_choice import choose_semi
 from .shard import decide_shard
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
@@ -538,6 +538,8 @@ def _decide_workers(cfg: TrainConfig, data: DataSplits, device: torch.device, p:
     workers (or what memory allows) are used untimed."""
     if not data.streamed:
         return cfg
+    if device.type == "cuda" and p.memory is None:
+        _plan_host_memory(cfg, data, p)
     most = max_workers(p)
     if cfg.workers is not None and cfg.workers > most:
         p.notes.append(f"data: {data.how}, --workers {cfg.workers} -> {most} ({worker_cap_reason(p)})")
@@ -584,6 +586,20 @@ def _decide_decode(cfg: TrainConfig, device: torch.device, p: Plan) -> TrainConf
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "decode": "workers"})
     p.chosen["decode"] = cfg.decode
     return cfg
+
+
+def _plan_host_memory(cfg: TrainConfig, data: DataSplits, p: Plan) -> None:
+    """On a GPU host: the workers the host's memory holds beside the training process, at the larger of the
+    training and evaluation batches (memory_plan.gpu_host_workers), kept in ``plan.memory`` as a CPU's plan is."""
+    _, c, h, w = data.train.shape
+    batch = max(cfg.batch_size, cfg.eval_batch_size)
+    host = gpu_host_workers(c * h * w, batch)
+    if host is None:
+        return
+    most, per, memory = host
+    p.memory = {"note": f"host memory: {memory.describe()}; a DataLoader worker holds ~{per / 2**20:,.0f} MiB at "
+                        f"batch {batch}: {most} fit", "max_workers": most}
+    p.notes.append(p.memory["note"])
 
 
 WORKERS_PER_CORE = 2  # DataLoader workers beyond this many a core decode no faster: they take memory and start-up
