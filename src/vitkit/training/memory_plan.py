@@ -300,10 +300,11 @@ def _worker_bytes(image_bytes: int, batch: int) -> int:
 def gpu_host_workers(image_bytes: int, batch: int, memory: Memory | None = None
                      ) -> tuple[int, int, Memory] | None:
     """On a GPU host, the most DataLoader workers a streamed run's host memory holds, what one holds, and that
-    memory (None where it cannot be read). There the step's memory is the GPU's, so ``decide_memory`` plans nothing, and the worker count
-    was capped by the cores alone (issue 80, P9): 32 workers of ImageNet photos at batch 4096 hold ~18 GiB each of
-    batches in flight (``worker_bytes``), more than many hosts have. The training process had started CUDA and
-    built its model when this is asked: what it holds is already out of ``memory``; ``RESERVE`` stays for it."""
+    memory (None where it cannot be read). There the step's memory is the GPU's, so ``decide_memory`` plans nothing,
+    and the worker count was capped by the cores alone (issue 80, P9): 32 workers of ImageNet photos at batch 4096
+    hold ~7 GiB each of batches in flight (``worker_bytes``), 222 GiB, more than many hosts have. The training
+    process had started CUDA and built its model when this is asked: what it holds is already out of ``memory``;
+    ``RESERVE`` stays for it."""
     memory = memory or available_memory()
     if memory is None:
         return None
