@@ -194,16 +194,22 @@ def _batches(root, tmp_path, decode):
     return list(batches(data.val, list(range(len(data.val))), 4, False, CPU))
 
 
+def _device_decoded_train(root, cache, skip):
+    """The training split of the folder ``root``, streamed, its JPEGs decoded by the batches' device, in process."""
+    from vitkit.training.build import build_data
+
+    data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", skip_bad_images=skip,
+                                  model_args={"img_size": 32}, cache_dir=str(cache)))
+    data.train.device_decode, data.train.workers = True, 0
+    return data.train
+
+
 def test_a_damaged_jpeg_is_named_or_skipped(tmp_path):
     from vitkit.data.augment import batches
-    from vitkit.training.build import build_data
 
     root = _jpeg_folder(tmp_path / "d", bad=True)
     for skip in (False, True):
-        data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", skip_bad_images=skip,
-                                      model_args={"img_size": 32}, cache_dir=str(tmp_path / f"c{skip}")))
-        train = data.train
-        train.device_decode, train.workers = True, 0
+        train = _device_decoded_train(root, tmp_path / f"c{skip}", skip)
         everything = list(range(len(train)))
         if not skip:
             with pytest.raises(ValueError, match="bad.jpg"):
@@ -256,7 +262,6 @@ def test_on_a_played_gpu_a_damaged_jpeg_is_named_or_skipped_and_the_batch_stays_
 
     from device_shim import played_gpu
     from vitkit.data.augment import batches
-    from vitkit.training.build import build_data
 
     real = torchvision.io.decode_jpeg
     calls = []
@@ -273,10 +278,7 @@ def test_on_a_played_gpu_a_damaged_jpeg_is_named_or_skipped_and_the_batch_stays_
     (root / "train" / "c1" / "refused.jpg").write_bytes(jpeg(photo(36, 44, seed=7), comment=REFUSED))
     gpu = torch.device("cuda")
     for skip in (False, True):
-        data = build_data(TrainConfig(dataset="folder", data_dir=str(root), data_mode="stream", skip_bad_images=skip,
-                                      model_args={"img_size": 32}, cache_dir=str(tmp_path / f"c{skip}")))
-        train = data.train
-        train.device_decode, train.workers = True, 0
+        train = _device_decoded_train(root, tmp_path / f"c{skip}", skip)
         everything = list(range(len(train)))
         calls.clear()
         with played_gpu() as shim:
