@@ -333,6 +333,12 @@ def test_the_next_batch_is_decoded_on_a_thread_while_the_step_trains_and_the_bat
     for workers in (0, 1):
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                    for a, b in zip(got[False, workers], got[True, workers], strict=True))
+    train.decode_ahead = True  # left after two batches (a worker count's timing does): its thread ends with it
+    it = batches(train, list(range(len(train))), 5, False, CPU)
+    next(it), next(it)
+    assert any(t.name.startswith("vitkit-decode") for t in threading.enumerate())
+    it.close()
+    assert not any(t.name.startswith("vitkit-decode") for t in threading.enumerate())
     torch.manual_seed(1)  # another seed, other crops: the comparison above can tell batches apart
     other = list(batches(train, list(range(len(train))), 5, False, CPU))
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(other, got[True, 1]))
