@@ -149,10 +149,10 @@ def _replayed_run(monkeypatch, tmp_path, cost=amx, **kw):
     calls = []
     real_make = plan_mod.StepProbe.make
     monkeypatch.setattr(plan_mod.StepProbe, "make", lambda self, s, **k: calls.append(s) or real_make(self, s, **k))
-    cfg = TrainConfig(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
-                      channels_last="auto", compile=False, output=str(tmp_path / "run"),
-                      model_args={"depth": 1, "embed_dim": 32, "num_heads": 2,
-                                  "hybrid": "conv:8,M"}, **kw)
+    cfg = TrainConfig(**{**dict(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
+                                channels_last="auto", compile=False, output=str(tmp_path / "run"),
+                                model_args={"depth": 1, "embed_dim": 32, "num_heads": 2, "hybrid": "conv:8,M"}),
+                         **kw})
     said = []
     t = Trainer(cfg, log=said.append, progress=False)
     return t, t.fit(), said, calls
@@ -292,3 +292,21 @@ def test_the_planner_plans_on_one_thread_where_another_process_holds_a_core(monk
     p = plan_mod.Plan(None, "cpu", "test", {})
     plan_mod._plan_on_the_free_cores(p)
     assert torch.get_num_threads() == 1 and p.notes[0].startswith("planned on 1 thread: other processes held 1.0")
+
+
+@pytest.mark.usefixtures("bf16_keeps_up")
+def test_a_run_that_ends_while_its_settings_are_decided_evaluates_at_the_settings_it_records(monkeypatch, tmp_path):
+    """Three steps, the precision's timing unfinished (bf16's warm-up and timed step, fp32's warm-up): the run's
+    last step was fp32's, its record says bf16. Its evaluation, and so best/'s top-1, are at the settings recorded
+    in config.yaml: a NaFlex run evaluated at a bf16 candidate, recorded fp32, and `vitkit eval` of its best/ gave
+    25.00% against the 22.50% it kept."""
+    import yaml
+
+    seen = []
+    real = Trainer.evaluate
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, *a, **k: seen.append(self.precision) or real(self, *a, **k))
+    t, r, _, _ = _replayed_run(monkeypatch, tmp_path, threads=1, epochs=1, batch_size=460)
+    assert r.steps == 3 and t.steps_per_epoch == 3
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["precision"]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert recorded == "bf16" and seen == ["bf16"] and metrics[-1]["precision"] == "bf16"
