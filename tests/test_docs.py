@@ -16,8 +16,11 @@ runs the page and writes what it printed where the page disagrees.
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -404,6 +407,22 @@ def test_csv_pivot_gives_one_column_per_cpu_kind(tmp_path: Path) -> None:
                                   "| cifar | – | 76.3 |"]
     with pytest.raises(ValueError, match=r"r.csv: no column\(s\) \['cpu'\]"):
         hooks.csv_pivot(str(f), "task", "cpu", "top1", "r.csv")
+
+
+def test_every_results_row_has_its_headers_columns() -> None:
+    """A row appended by hand with another column order, or a cell with an unquoted comma, reads as a table that
+    says something else (a note under 'chosen', a model's name split across 'batch' and 'precision')."""
+    numeric = re.compile(r"^-?[0-9.]+(e-?[0-9]+)?$")
+    for path in sorted((ROOT / "results").rglob("*.csv")):
+        with path.open(newline="") as f:
+            header, *rows = list(csv.reader(f))
+        for i, row in enumerate(rows, start=2):
+            assert len(row) == len(header), f"{path.name} line {i}: {len(row)} cells, header has {len(header)}"
+            cells = dict(zip(header, row))
+            if cells.get("chosen"):
+                assert isinstance(json.loads(cells["chosen"]), dict), f"{path.name} line {i}: chosen"
+            for k in ("planning_s", "wall_s", "val_top1", "steps", "ms_per_step", "img_per_s"):
+                assert not cells.get(k) or numeric.match(cells[k]), f"{path.name} line {i}: {k}={cells[k]!r}"
 
 
 def test_a_korean_page_shows_its_tables_in_korean(tmp_path: Path) -> None:
