@@ -211,6 +211,38 @@ def test_time_limit_plans_the_schedule_to_end_at_the_budget(tmp_path, monkeypatc
     assert r.elapsed_s <= 0.25 * 60 + 0.2 + 0.3 + 1  # within the budget, give or take the last step and evaluation
 
 
+@pytest.mark.usefixtures("bf16_keeps_up")
+def test_a_short_budget_whose_settings_were_decided_while_training_plans_from_the_tuning_pace(tmp_path, monkeypatch):
+    """A 1-minute CIFAR-10 run beside two other processes (AVX512-BF16 EPYC, d1b7467): 19 s to load and plan, 17
+    tuning steps of ~0.75 s, then 15 more before the budget's first plan, which found 9 s left for a 17-s evaluation
+    of the 10,000 validation images: 68.5 s of 60. Replayed here: the first plan is made when the tuning ends, from the
+    pace it timed the chosen settings at, and the run ends within the budget."""
+    import vitkit.training.budget as budget_module
+    import vitkit.training.plan as plan_module
+    import vitkit.training.trainer as trainer_module
+    from vitkit.training import tune as tune_mod
+
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))  # (an empty cache: the settings are tuned)
+    clock = _Clock(step_s=0.75, eval_s=17.0)
+    clock.perf_counter = clock.time
+    monkeypatch.setattr(trainer_module, "time", clock)
+    monkeypatch.setattr(plan_module, "time", clock)
+    monkeypatch.setattr(budget_module, "time", clock)
+    monkeypatch.setattr(tune_mod.StepTuner, "record", lambda self, s, real=tune_mod.StepTuner.record: real(
+        self, 0.75 if self._next and self._next["precision"] == "bf16" else 1.5))
+    said: list[str] = []
+    t = Trainer(_cfg(epochs=10_000, time_limit=1.0, output=str(tmp_path / "run"), precision="auto",
+                     attention="auto", channels_last="auto", compile=False), log=said.append, progress=False)
+    assert t.tuner is not None, (t.plan.notes, said)  # (decided while training)
+    clock.install(monkeypatch, t)
+    clock.now += 19.0  # the data's decode and the planning, spent before the first step
+    r = t.fit()
+    tuned = json.loads((tmp_path / "run" / "plan.json").read_text())["tuned"]["steps"]
+    assert tuned >= 8, said
+    assert r.elapsed_s <= 60 * 1.03, said  # (68.5 s before: the first plan came 15 steps after the tuning)
+    assert r.steps > tuned  # the steps the budget holds after the tuning and before the final evaluation
+
+
 @pytest.mark.parametrize("eval_every", [1, 4])
 def test_time_limit_plan_counts_one_evaluation_per_planned_evaluated_epoch(eval_every):
     spe = 7

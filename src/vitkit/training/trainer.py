@@ -598,6 +598,9 @@ class Trainer:
                 self.log(line)
             self.log(" chosen: " + ", ".join(f"{k} {v}" for k, v in p.chosen.items()))
         self.runlog.replan(self.cfg.to_dict(), p)
+        if (self.budget and self.budget.sec_per_step is None and self.step < self.total_steps
+                and not self.stop_requested and (pace := tuner.pace())):
+            self._adopt_plan(self.budget.paced(self.step, self.elapsed(), pace))
 
     # ------------------------------------------------------------------------------------------ loop
     def train_epoch(self) -> tuple[float, float]:
@@ -689,12 +692,16 @@ class Trainer:
         if self.budget and self.tuner is None:  # (the pace is measured from the settings the run trains with)
             if self.device.type == "cuda" and self.budget.measures_at(self.step, self.first_step):
                 torch.cuda.synchronize(self.device)  # the device's pace, not how fast the host queued the steps
-            replan = self.budget.after_step(self.step, self.elapsed(), self.first_step)
-            self._set_plan(replan)
-            if replan is not None and self.budget.eval_s is None:
-                self._time_an_evaluation()
-            if replan is not None:
-                self._check_pace()
+            self._adopt_plan(self.budget.after_step(self.step, self.elapsed(), self.first_step))
+
+    def _adopt_plan(self, replan: tuple[int, int, int] | None) -> None:
+        """A plan of the budget's, from the pace just measured: set, checked against an evaluation's time (the
+        first) and against the pace the threads were chosen at."""
+        self._set_plan(replan)
+        if replan is not None and self.budget.eval_s is None:
+            self._time_an_evaluation()
+        if replan is not None:
+            self._check_pace()
 
     def _time_an_evaluation(self) -> None:
         """At the budget's first plan: a slice of the validation split evaluated twice, the second timed, scaled to
