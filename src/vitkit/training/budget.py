@@ -1,6 +1,7 @@
 """``--time-limit``: fit the learning-rate schedule into a wall-clock budget, so the cosine ends when time does.
 
-The first plan is made from the speed of steps 5-15 of the run (compiling and warm-up are behind by then). After
+The first plan is made from the speed of steps 5-15 of the run (compiling and warm-up are behind by then), or as
+soon as the run's first steps have decided its settings, from the pace they timed the chosen ones at. After
 that the run re-plans every few seconds (a fiftieth of the budget, at least a second) from the pace of the steps
 since the last re-plan, so a machine that slows down or speeds up mid-epoch moves the end of the schedule with it:
 runs re-planned only once an epoch ended 16% over a 3-minute budget when another process started beside them, and
