@@ -42,6 +42,25 @@ def test_the_faster_candidate_wins_and_a_clearly_slower_one_is_cut_after_one_cal
     assert "<- chosen" in cal.table().splitlines()[0] and "bf16" in cal.table().splitlines()[0]
 
 
+def test_a_fast_step_is_timed_on_enough_calls_and_a_slow_one_within_the_budget():
+    """(issue 80, P14) An H200's 9-ms step was timed on 4 calls, 36 ms of samples; on a virtual clock: fast steps get
+    calls until half a second of them (at most 16 rounds), slow ones stop at the 2.5-s budget after two rounds."""
+    now = [0.0]
+
+    def make(s):
+        def step():
+            now[0] += s["seconds"]
+        return step
+
+    fast = [{"seconds": 0.009}, {"seconds": 0.010}]
+    cal = time_candidates("step", fast, make, clock=lambda: now[0])
+    assert [t.calls for t in cal.timings] == [16, 16]  # 16 x 19 ms = 0.30 s < 0.5 s: every round
+    cal = time_candidates("step", [{"seconds": 0.05}, {"seconds": 0.06}], make, clock=lambda: now[0])
+    assert [t.calls for t in cal.timings] == [5, 5]  # 5 x 110 ms = 0.55 s >= 0.5 s
+    cal = time_candidates("step", [{"seconds": 1.0}, {"seconds": 1.1}], make, clock=lambda: now[0])
+    assert [t.calls for t in cal.timings] == [2, 2]  # 2 rounds, 4.2 s > 2.5 s
+
+
 def test_an_emulated_candidate_is_cut_at_its_warm_up_and_one_that_cannot_run_is_noted():
     calls = []
 
