@@ -61,6 +61,43 @@ def test_a_fast_step_is_timed_on_enough_calls_and_a_slow_one_within_the_budget()
     assert [t.calls for t in cal.timings] == [2, 2]  # 2 rounds, 4.2 s > 2.5 s
 
 
+def test_a_first_round_another_process_shared_is_not_cut_on_nor_counted(monkeypatch):
+    """A 30-minute FixMatch run planned while another process ran and then left: round 1 timed bf16 at 7.6 s and
+    fp32, last, at 1.9 s alone, so bf16 was cut after that one call and the run trained at half its pace. Replayed on
+    a virtual clock: round 1 is shared (the load says so), and round 2, in the reverse order, decides."""
+    import vitkit.runtime.calibrate as cal_mod
+
+    rounds = []
+
+    class Load:  # the first timed round shared with another process, the others not
+        cores = 0.93
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            rounds.append(1)
+
+        def contended(self, threads):
+            return len(rounds) == 1  # (asked as each round ends: the first one)
+
+    monkeypatch.setattr(cal_mod, "OtherLoad", Load)
+    now, calls = [0.0], {"bf16": 0, "fp32": 0}
+
+    def make(s):
+        def step():
+            p = s["precision"]
+            calls[p] += 1
+            shared = calls[p] == 2  # (call 1 is the warm-up; call 2 is round 1's)
+            now[0] += {"bf16": 7.6 if shared else 0.95, "fp32": 1.9}[p]
+        return step
+
+    cal = cal_mod.time_candidates("step", [{"precision": "bf16"}, {"precision": "fp32"}], make, clock=lambda: now[0])
+    assert cal.best.settings == {"precision": "bf16"} and cal.timings[0].seconds == pytest.approx(0.95)
+    assert cal.timings[1].note.startswith("cut after 1 call")  # round 2's: round 1 not counted
+    assert [c.seconds for c in cal.timings] == pytest.approx([0.95, 1.9])
+
+
 def test_an_emulated_candidate_is_cut_at_its_warm_up_and_one_that_cannot_run_is_noted():
     calls = []
 
