@@ -1,10 +1,11 @@
 """How a ``--time-limit`` is spent: planning, the time to the first training step, the wall time, the steps it
 trained and what they reached, on real data, on a quiet machine and beside a busy loop (issue 79).
 
-Each run is ``vitkit train --time-limit N`` in a fresh process with an empty cache (as a first run is), the data
-named below; the neighbour is ``python3 -c 'while 1: pass'`` at normal priority, started before the run (``busy``)
-or at its middle (``busy-mid``), or another PyTorch job (a matmul loop on every core) at ``nice -n 19`` started
-before it (``nice19``), or both (``shared``), ended after it. Rows go to ``results/budget-use.csv`` with the CPU kind::
+Each run is ``vitkit train --time-limit N`` in a fresh process with empty caches (vitkit's and Inductor's, as a
+first run's are), the data named below; the neighbour is ``python3 -c 'while 1: pass'`` at normal priority, started
+before the run (``busy``) or at its middle (``busy-mid``), or another PyTorch job (a matmul loop on every core) at
+``nice -n 19`` started before it (``nice19``), or both (``shared``), ended after it. Rows go to
+``results/budget-use.csv`` with the CPU kind::
 
     python benchmarks/budget_use.py                        # every dataset, 1 and 5 minutes, quiet and busy
     python benchmarks/budget_use.py --only cifar10 --budgets 5 --loads quiet busy
@@ -63,10 +64,12 @@ NEIGHBOURS = {"busy": [sys.executable, "-c", "while 1: pass"],
 SHARED_BY = {"busy": ["busy"], "nice19": ["nice19"], "shared": ["busy", "nice19"]}
 
 
-def run(args: list[str], minutes: float, load: str, tmp: Path) -> dict:
-    """One ``vitkit train`` run, timed from its start, beside the neighbour ``load`` asks for."""
+def run(args: list[str], minutes: float, load: str, tmp: Path, logs: Path | None = None) -> dict:
+    """One ``vitkit train`` run, timed from its start, beside the neighbour ``load`` asks for; its output and plan.json
+    kept at ``logs`` (.log, .plan.json) where given."""
     out, cache = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
-    env = {**os.environ, "VITKIT_CACHE_DIR": cache}
+    # (Inductor's own cache too: a compile tried by an earlier run took a few seconds, not a cold one's 30-40)
+    env = {**os.environ, "VITKIT_CACHE_DIR": cache, "TORCHINDUCTOR_CACHE_DIR": str(Path(cache) / "inductor")}
     env.pop("OMP_NUM_THREADS", None)
     cmd = [sys.executable, "-m", "vitkit", "train", *args, "--time-limit", f"{minutes:g}", "--output", out]
     busy = [subprocess.Popen(NEIGHBOURS[n]) for n in SHARED_BY.get(load, [])]
@@ -87,6 +90,10 @@ def run(args: list[str], minutes: float, load: str, tmp: Path) -> dict:
     final = next((line for line in reversed(printed.splitlines()) if line.startswith("final:")), "")
     fields = dict(kv.split("=", 1) for kv in final.split()[1:]) if final else {}
     plan = json.loads((Path(out) / "plan.json").read_text()) if (Path(out) / "plan.json").is_file() else {}
+    if logs is not None:
+        logs.parent.mkdir(parents=True, exist_ok=True)
+        logs.with_suffix(".log").write_text(printed)
+        logs.with_suffix(".plan.json").write_text(json.dumps(plan, indent=1))
     error = "" if p.returncode == 0 else next((line for line in reversed(printed.splitlines()) if line.strip()), "")
     return {"planning_s": round(plan.get("seconds", 0.0), 1), "first_step_s": plan.get("first_step_s", ""),
             "tuning_excess_s": (plan.get("tuned") or {}).get("excess_s", ""), "wall_s": round(wall, 1),
@@ -103,6 +110,7 @@ def main() -> None:
                                                                                  "shared"])
     ap.add_argument("--csv", type=csv_arg, default=str(ROOT / "results" / "budget-use.csv"))
     ap.add_argument("--note", default="", help="a word on the rows (what differs from the usual)")
+    ap.add_argument("--logs", type=Path, default=None, help="keep each run's output and plan.json here")
     a = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -115,7 +123,8 @@ def main() -> None:
                 for load in a.loads:
                     row = {"cpu": cpu_label(), "date": time.strftime("%Y-%m-%d"), "commit": commit,
                            "dataset": name, "budget_s": round(minutes * 60), "load": load,
-                           **run(args, minutes, load, tmp), "note": a.note}
+                           **run(args, minutes, load, tmp, a.logs and a.logs / f"{name}-{minutes:g}min-{load}"),
+                           "note": a.note}
                     print(json.dumps(row), flush=True)
                     append_csv_rows(a.csv, [row])
 

@@ -126,6 +126,44 @@ def test_an_emulated_bf16_costs_one_step_not_four():
     assert "cut at warm-up" in " ".join(tuner.lines())
 
 
+def test_a_compile_is_tried_last_on_the_chosen_step_never_cut_at_its_compile_and_kept_only_if_clearly_faster():
+    """A 30-minute CIFAR-10 run on the AVX512-BF16 EPYC timed all 8 candidates and a compile before its first step:
+    48 s, 2.7% of its budget, for a compile that lost (418 vs 399 ms in bf16; its compile 36 s). Tried on the
+    run's own steps after the settings, the compile's two steps are never cut on (36 s is 90 of the eager step),
+    what it costs is said, and a compiled step no faster than eager is not taken."""
+    for compiled_s, kept in ((0.418, False), (0.399 / 1.17, True)):  # (1.17x: the Fashion-MNIST recipe's gain)
+        tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": False, "compile": False,
+                           "threads": 2}, {"precision": ["fp32", "bf16"], "compile": [False, True]})
+        compiled_calls = iter([36.0, 1.2] + [compiled_s] * 20)  # the compile, Inductor's recompile, then steps
+        asked = replay(tuner, lambda s: next(compiled_calls) if s["compile"] else
+                       0.399 if s["precision"] == "bf16" else 0.85)
+        first_compiled = next(i for i, s in enumerate(asked) if s["compile"])
+        assert all(s["precision"] == "bf16" for s in asked[first_compiled:])  # on the step the settings chose
+        assert sum(s["compile"] for s in asked) >= 2 + tune_mod.ROUNDS  # its two untimed steps, then timed ones
+        assert tuner.chosen["precision"] == "bf16" and tuner.chosen["compile"] is kept
+        cal = tuner.compile_calibration("compile")  # as the planner's compile decision reads it from the cache
+        assert cal.extra["compile_s"] == pytest.approx(37.2)
+        assert cal.seconds_of(compiled=True) == pytest.approx(compiled_s)
+        assert cal.seconds_of(compiled=False) == pytest.approx(0.399)
+        assert 36 < tuner.excess_s < 45  # (the compile is what the tuning cost)
+        assert all(set(t.settings) == set(tune_mod.STEP_SETTINGS) for t in tuner.calibration("step").timings)
+        line = next(x for x in tuner.lines() if x.strip().startswith("compile:"))
+        assert "(its compile: 37.2 s)" in line and line.endswith("-> " + ("compiled" if kept else "eager"))
+
+
+def test_a_compile_that_fails_is_dropped_and_the_step_is_trained_eagerly():
+    tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": False, "compile": False,
+                       "threads": 1}, {"compile": [False, True]})
+    tried = 0
+    while (s := tuner.next()) is not None:
+        if s["compile"]:
+            tried += 1
+            tuner.fail("failed: BackendCompilerFailed")  # (the trainer's CompileTrial says so, and steps eagerly)
+        tuner.record(0.4)
+    assert tried == 1 and tuner.chosen["compile"] is False
+    assert "(failed: BackendCompilerFailed)" in " ".join(tuner.lines())
+
+
 def test_a_near_tie_in_threads_goes_to_fewer_and_a_stop_keeps_the_best_so_far():
     tuner = StepTuner({"precision": "fp32", "attention": "sdpa", "channels_last": False, "threads": 2},
                       {"attention": ["sdpa", "exact"]}, threads=[1, 2])
@@ -204,6 +242,85 @@ def test_a_budget_too_short_to_repay_a_timing_does_not_time_it(monkeypatch):
     monkeypatch.setattr(plan_mod, "check_budget", lambda *a, **k: None)
     _, p = plan_mod.make_plan(cfg, log=lambda s: None, in_run=True)
     assert p.tuning is None and any(n.startswith("not timed: precision, attention") for n in p.notes)
+
+
+@pytest.mark.usefixtures("bf16_keeps_up")
+def test_a_budget_that_could_repay_a_compile_leaves_it_to_the_runs_steps_and_times_one_step_first(monkeypatch,
+                                                                                                  tmp_path):
+    from vitkit.training import compile_plan
+
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compile_plan, "has_cxx_compiler", lambda: True)
+    monkeypatch.setattr(compile_plan, "_time_compile", lambda *a: pytest.fail("a compile timed before the run"))
+    monkeypatch.setattr(plan_mod, "check_budget", lambda *a, **k: None)
+    calls = []
+    real_make = plan_mod.StepProbe.make
+    monkeypatch.setattr(plan_mod.StepProbe, "make", lambda self, s, **k: calls.append(s) or real_make(self, s, **k))
+    cfg = TrainConfig(dataset="digits", epochs=2, batch_size=32, precision="auto", attention="auto",
+                      channels_last="auto", compile="auto", threads=1, time_limit=30,
+                      model_args={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    cfg_, p = plan_mod.make_plan(cfg, log=lambda s: None, in_run=True)
+    assert len(calls) == 1  # one step timed before the run: not all 8 candidates and then a compile
+    assert cfg_.compile is False and p.tuning["options"]["compile"] == [False, True]
+    assert p.tuning["compile_workload"]["kind"] == "compile"
+    assert any(n.startswith("compile: tried on the run's own steps") for n in p.notes), p.notes
+    _, p = plan_mod.make_plan(TrainConfig.from_dict({**cfg.to_dict(), "time_limit": 1}), log=lambda s: None,
+                              in_run=True)  # a minute cannot repay a ~30 s compile at 1.2x
+    assert "compile" not in (p.tuning or {}).get("options", {}) and any(
+        n.startswith("compile: off (a run of ~") for n in p.notes)
+
+
+@pytest.mark.usefixtures("bf16_keeps_up")
+def test_a_compile_tried_on_the_runs_steps_trains_them_and_the_next_run_reads_it_from_the_cache(monkeypatch,
+                                                                                                tmp_path):
+    """The compiled step is torch.compile's of the module the run trains, here with a backend that hands back the
+    traced graph (Inductor's CPU kernels are not what is tested: a cold compile takes 20-45 s on 2 cores)."""
+    from vitkit.runtime.compile import CompileTrial
+    from vitkit.training import compile_plan
+
+    graphs = []
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None, real=torch.compile: real(
+        m, backend=lambda gm, example: graphs.append(gm) or gm.forward))
+    monkeypatch.setattr(compile_plan, "has_cxx_compiler", lambda: True)
+    monkeypatch.setattr(compile_plan, "compile_worth_timing", lambda *a: True)  # (2 epochs of digits: ~20 s)
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    compiles = iter([1.0, 1.0])  # its compile's two steps, replayed
+
+    def cost(s):
+        return next(compiles, amx(s) * 0.8) if s["compile"] else amx(s)
+
+    t, r, said, _ = _replayed_run(monkeypatch, tmp_path / "a", cost=cost, threads=1, compile="auto")
+    assert any(line.strip().startswith("compile: tried on the run's own steps") for line in said), said
+    assert "  compile: eager 401 ms, compiled 321 ms (its compile: 2.0 s) -> compiled" in said  # (on one thread: 1.7x)
+    assert t.cfg.compile is True and isinstance(t.train_model, CompileTrial) and t.train_model.error is None
+    assert graphs  # the compiled step ran: dynamo handed its graph to the backend
+    assert r.steps == 2 * t.steps_per_epoch  # every step trained, the compile's among them
+    plan = json.loads((tmp_path / "a" / "run" / "plan.json").read_text())
+    assert plan["chosen"]["compile"] is True
+    assert any(c["what"].startswith("compile (the chosen step); timed on the run's own steps")
+               for c in plan["calibrations"])
+    graphs.clear()
+    t, _, said, _ = _replayed_run(monkeypatch, tmp_path / "b", cost=cost, threads=1, compile="auto")  # the same step: cached
+    assert not any(line.startswith("decided while training:") for line in said)
+    assert any(line.strip().startswith("compile: on (compiled step 321.0 ms vs eager 401.2 ms") for line in said), said
+    assert t.cfg.compile is True and graphs
+
+
+@pytest.mark.usefixtures("bf16_keeps_up")
+def test_a_compile_that_fails_on_the_runs_steps_leaves_it_training_eagerly(monkeypatch, tmp_path):
+    from vitkit.training import compile_plan
+
+    def broken(gm, example):
+        raise RuntimeError("no kernels for you")
+
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None, real=torch.compile: real(m, backend=broken))
+    monkeypatch.setattr(compile_plan, "has_cxx_compiler", lambda: True)
+    monkeypatch.setattr(compile_plan, "compile_worth_timing", lambda *a: True)
+    monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path / "cache"))
+    t, r, said, _ = _replayed_run(monkeypatch, tmp_path, threads=1, compile="auto")
+    assert any(line.startswith("compile: failed:") and "no kernels for you" in line
+               and line.endswith("the run trains on eagerly") for line in said), said
+    assert t.cfg.compile is False and t.train_model is t.module and r.steps == 2 * t.steps_per_epoch
 
 
 def test_the_final_line_says_the_steps_and_the_epochs_as_a_fraction(tmp_path, capsys):

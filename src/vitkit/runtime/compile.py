@@ -23,3 +23,29 @@ def compile_for_training(model: nn.Module, device: torch.device,
         log("torch.compile skipped: no C++ compiler (g++/clang++) on PATH for Inductor's CPU kernels")
         return model
     return torch.compile(model, mode=mode)  # mode: None (Inductor's default), "reduce-overhead" (CUDA graphs)
+
+
+class CompileTrial:
+    """A module's compiled forward, tried on a run's own training steps (training/tune.py): where Inductor cannot
+    build it, the module's eager forward from then on, and ``failed`` is told why (the run goes on: the step is
+    trained eagerly). Attributes are the module's own, as torch.compile's wrapper gives them."""
+
+    def __init__(self, module: nn.Module, failed: Callable[[BaseException], None]) -> None:
+        self.module, self.compiled, self.failed = module, torch.compile(module), failed
+        self.error: BaseException | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.error is None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - a backend's failure of any kind: the eager step instead
+                self.error = e
+                self.failed(e)
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "CompileTrial":
+        self.module.train(mode)
+        return self
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)

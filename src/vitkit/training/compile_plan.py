@@ -98,10 +98,26 @@ def _compile_outlook(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any],
     return workload, known, run_s, compile_s, None
 
 
-def would_time_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
-                       start_time: float, refresh: bool, cal: Calibration | None) -> bool:
-    """Whether ``decide_compile`` would go on to a compiled step (cached or timed) rather than say off at once."""
-    return _compile_outlook(cfg, probe, chosen, device, start_time, refresh, cal)[-1] is None
+def compile_cached(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
+                   refresh: bool) -> bool:
+    """Whether this step's compile, at ``chosen``, was timed on this machine before (cached)."""
+    return not refresh and cached(device, {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile",
+                                           "settings": chosen}) is not None
+
+
+def compile_left_to_the_run(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
+                            start_time: float, refresh: bool, cal: Calibration | None
+                            ) -> tuple[dict[str, Any] | None, str]:
+    """Where the run's own steps decide its settings: whether they try a compile after them (training/tune.py),
+    only where the budget could repay one, as ``decide_compile`` judges it before timing. (The compile's cache key,
+    its settings filled in by the run; or None), and a line for the plan."""
+    workload, _, run_s, compile_s, off = _compile_outlook(cfg, probe, chosen, device, start_time, refresh, cal)
+    if off is not None:
+        return None, off
+    gain, whose = compile_gain(device)
+    return workload, (f"compile: tried on the run's own steps once its settings are decided (a run of ~{run_s:.0f} "
+                      f"s could repay a ~{compile_s:.0f} s compile at the best gain, {gain:.2f}x, {whose}); kept "
+                      "only where the compiled step is clearly faster")
 
 
 def decide_compile(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device, p: Any,

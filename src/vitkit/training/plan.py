@@ -44,9 +44,9 @@ from ..runtime.threads import (OtherLoad, candidates as thread_candidates, choos
                                timed, usable_cores)
 from ..model.vit import VisionTransformer, flops_per_image
 from .budget import budget_left, check_budget
-from .compile_plan import (COMPILE_GAIN, compile_gain, compile_worth_timing, decide_compile,  # noqa: F401 - public
-                           expected_compile_gain, trained_step_s,  # (COMPILE_GAIN, compile_*: public names)
-                           would_time_compile)
+from .compile_plan import (COMPILE_GAIN, compile_cached, compile_gain, compile_left_to_the_run,  # noqa: F401
+                           compile_worth_timing, decide_compile, expected_compile_gain,  # (COMPILE_GAIN, compile_*:
+                           trained_step_s)  # public names)
 from .build import build_data, for_run, model_config, resident_bytes, search_convolutions
 from .config import COMPILE_MODES, TIER_BOUNDS, TrainConfig, describe_changes
 from .gpu_batch import (MEMORY_SHARE, MIN_STEPS_PER_EPOCH, BatchTrial, checkpointing_fits, choose_batch,  # noqa: F401
@@ -56,7 +56,7 @@ from .semi_choice import choose_semi
 from .shard import decide_shard
 from .probe import StepProbe, _describe_model, _probe, step_candidates, step_workload  # noqa: F401 - public names
 from .sources import Sources, resolve  # noqa: F401 - the planner's entry points, as before
-from .tune import SETTINGS as TUNED, WORST_STEPS
+from .tune import STEP_SETTINGS as TUNED, WORST_STEPS
 
 RETIME = 1.15  # after a tier changes the model, the candidates within this of the best are timed again
 # Of the images per second the calibrated step promises, what an epoch delivers: augmentation, evaluation, saving
@@ -222,6 +222,7 @@ class Planning:
     unbatched: TrainConfig | None = None  # the recipe's batch and LR, for a tier's model to choose its own batch from
     chosen: dict[str, Any] = field(default_factory=dict)
     in_run: bool = False  # the threads and step settings may be left to the run's first steps (make_plan)
+    compile_in_run: dict[str, Any] | None = None  # the compile's cache key, where it is tried on the run's steps
 
     # what the run asked, as it stood before any decision (the decisions change cfg: its gpu_batch, its tiers)
     gpu_batch: bool = False  # the batch is chosen on the GPU
@@ -292,8 +293,9 @@ def _batch_on_a_gpu(s: Planning) -> None:
 def _step_settings(s: Planning) -> None:
     """Precision, attention path and memory layout: every candidate timed on the run's step (calibrate: cached per
     machine); for a tier, the step timed as it is. Where the run may decide them on its own first steps
-    (``in_run``), one step is timed here, for the tier, the schedule and the budget; unless the compile decision
-    needs them all timed first (a compile is timed on the chosen step)."""
+    (``in_run``), one step is timed here, for the tier, the schedule and the budget; unless a compile was asked
+    for (``--compile``: the compiled model keeps the settings it is built with, so they are all timed first). A
+    compile left ``auto`` is tried on the run's own steps too, after the settings (``_compile``)."""
     if not (s.cfg.needs_plan or s.tiered):
         return
     what = f"training step ({_describe_model(s.probe.model)}, batch {s.probe.n})"
@@ -301,11 +303,11 @@ def _step_settings(s: Planning) -> None:
     if s.in_run:
         s.cal = time_step(what, s.device, workload, s.cands, s.probe.make, s.refresh, one=True,
                           threads_free=s.measure_threads)
-        if not _compile_may_pay(s):
+        if s.cfg.compile in (False, "auto") or s.cfg.naflex:
             s.plan.calibrations.append(s.cal)
             release_free_memory()
             return
-        s.in_run = False  # a compile to time: it is timed on the step chosen here, every candidate timed first
+        s.in_run = False  # a compile asked for: every candidate timed first, the compiled step built on the chosen
         if s.measure_threads:
             _measure_threads(s)
         workload = step_workload(s.cfg, s.probe.model, s.probe.n, s.device)
@@ -407,16 +409,6 @@ def prior_first(cands: list[dict[str, Any]], device: torch.device) -> dict[str, 
     return max(cands, key=lambda c: (sum(w.get(k) == v for w in won for k, v in c.items()), -cands.index(c)))
 
 
-def _compile_may_pay(s: Planning) -> bool:
-    """Whether the compile decision may time a compile (then the step's settings are decided before it)."""
-    if s.cfg.compile != "auto":
-        return s.cfg.compile is not False
-    if s.cfg.naflex:
-        return False
-    return would_time_compile(s.cfg, s.probe, s.chosen or s.cal.best.settings, s.device, s.start_time, s.refresh,
-                              s.cal)
-
-
 def _tier(s: Planning) -> None:
     """The recipe's tier for the epochs the budget buys (and no tiers left in the config either way)."""
     if s.tiered and s.cal is not None:
@@ -450,9 +442,21 @@ def _compile(s: Planning) -> None:
     if s.cfg.compile == "auto" and s.cfg.naflex:
         compile_on = False
         s.plan.notes.append("compile: off (--naflex: every batch has its own grids, each a recompile)")
+    elif s.cfg.compile == "auto" and s.in_run and not (s.cal is not None and s.cal.cached
+                                                       and compile_cached(s.cfg, s.probe, s.chosen, s.device,
+                                                                          s.refresh)):
+        # the settings are decided on the run's first steps: a compile, where one may pay, is tried on the steps
+        # after them (training/tune.py), on the step they chose
+        compile_on, s.compile_in_run, why = False, *compile_left_to_the_run(
+            s.cfg, s.probe, s.chosen, s.device, s.start_time, s.refresh, s.cal)
+        s.plan.notes.append(why)
     elif s.cfg.compile == "auto":
         compile_on, why = decide_compile(s.cfg, s.probe, s.chosen, s.device, s.plan, s.start_time, s.refresh, s.cal)
         s.plan.notes.append(why)
+        if compile_on and s.in_run:  # (from the cache) a compiled model keeps its thread count: timed here
+            s.in_run = False
+            if s.measure_threads:
+                _measure_threads(s)
     s.with_(compile=compile_on)
     s.plan.chosen.update(precision=s.cfg.precision, compile=s.cfg.compile, attention=s.cfg.attention,
                          channels_last=s.cfg.channels_last)
@@ -492,6 +496,7 @@ def _leave_to_the_run(s: Planning) -> None:
     left (the steps train all the same)."""
     if not s.in_run or s.cfg.compile:
         return
+    compiled = {"compile": [False, True]} if s.compile_in_run else {}  # (its cost was judged in _compile)
     cached_ = s.cal is not None and s.cal.cached
     options = {} if cached_ else {k: list(dict.fromkeys(c[k] for c in s.cands)) for k in TUNED
                                   if s.plan.asked.get(k) == "auto"}
@@ -511,12 +516,13 @@ def _leave_to_the_run(s: Planning) -> None:
             s.plan.notes.append(f"not timed: {', '.join(dropped)} (each candidate could cost ~{WORST_STEPS} steps of "
                                 f"{step_s * 1e3:.0f} ms, more than {REPAY_SHARE:.0%} of the ~{left:.0f} s left): "
                                 + ", ".join(f"{k} {v}" for k, v in s.chosen.items()) + " as timed first")
+    options.update(compiled)
     if not options and not threads:
         return
-    s.plan.tuning = {"start": {**s.chosen, "threads": torch.get_num_threads()}, "options": options,
+    s.plan.tuning = {"start": {**s.chosen, "compile": False, "threads": torch.get_num_threads()}, "options": options,
                      "threads": threads, "what": s.cal.what.split(";")[0] if s.cal is not None else "training step",
                      "workload": step_workload(s.cfg, s.probe.model, s.probe.n, s.device) if s.probe else None,
-                     "candidates": s.cands}
+                     "candidates": s.cands, "compile_workload": s.compile_in_run}
     s.plan.notes.append("decided while training: " + ", ".join(
         [*(["threads"] if threads else []), *options]) + " (each timed on the run's own first steps, which train; "
                         + ("the rest cached" if cached_ else "the cache has none yet") + ")")

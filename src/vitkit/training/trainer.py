@@ -31,6 +31,7 @@ from ..runtime.distributed import (any_rank, barrier, broadcast_ints, gather_obj
                                    rank_and_world)
 from ..runtime.memory import release_free_memory
 from ..runtime.calibrate import store_unless_loaded
+from ..runtime.compile import CompileTrial
 from ..runtime.precision import autocast_for, matmul_precision
 from ..runtime.threads import OtherLoad, usable_cores
 from .budget import EVAL_SHARE, WARM_STEPS, TimeBudget
@@ -42,7 +43,7 @@ from .ema import ModelEma
 from .objectives import objective_for
 from .optim import build_optimizer, freeze_body, lr_at, set_lr
 from .plan import Plan, make_plan
-from .tune import SETTINGS as TUNED, StepTuner
+from .tune import SETTINGS as TUNED, STEP_SETTINGS, StepTuner
 from .runlog import RunLog
 from .semi_choice import choose_semi
 from .shard import SHARDS, load_shards, load_whole, save_shards, shard_module, whole_copy
@@ -480,6 +481,7 @@ class Trainer:
         tuning = self.plan.tuning if self.plan is not None else None
         self._matmul_before = torch.get_float32_matmul_precision()  # (restored when the run ends)
         self._layout = (self.cfg.attention, self.cfg.channels_last)
+        self._trial: CompileTrial | None = None  # the compiled step, where the tuning tries one
         if not tuning or self.world > 1 or self.cfg.compile:
             return None
         self._load = OtherLoad().__enter__()  # whether others held the cores while the settings were timed
@@ -494,6 +496,18 @@ class Trainer:
         if (s["attention"], s["channels_last"]) != self._layout:
             apply_layout(self.module, s["attention"], s["channels_last"])
             self._layout = (s["attention"], s["channels_last"])
+        compiled = bool(s.get("compile"))
+        if compiled != (self.train_model is not self.module):  # (a model compiled from the start stays so)
+            if compiled and self._trial is None:  # built on the step the settings before it chose
+                self._trial = CompileTrial(self.module, self._compile_failed)
+            self.train_model = self._trial if compiled else self.module
+
+    def _compile_failed(self, e: BaseException) -> None:
+        why = f"failed: {' '.join(str(e).split())}"[:160]
+        if self.tuner is not None:
+            self.tuner.fail(why)
+        if self.is_main:
+            self.log(f"compile: {why}; the run trains on eagerly")
 
     def _say_progress(self, loss: float, img_s: float) -> None:
         """One line of how the run is going, for a log that is not a terminal (no progress bar there)."""
@@ -575,6 +589,8 @@ class Trainer:
             if self.budget:
                 self.budget.mark, self.budget.next_check = (self.step, self.elapsed()), self.step + WARM_STEPS
             return
+        if not chosen.get("compile"):
+            self._trial = None  # (the compiled code is freed with it)
         self.cfg = TrainConfig.from_dict({**self.cfg.to_dict(), **{k: chosen[k] for k in TUNED}})
         self.first_step = self.step  # the budget's pace is measured from here, at the chosen settings
         if self.scaler.is_enabled() and self.precision != "fp16":  # (enabled for an fp16 candidate)
@@ -586,8 +602,16 @@ class Trainer:
             if self._load.contended(torch.get_num_threads()):
                 cal.extra["other_load_cores"] = round(self._load.cores, 2)
             p.calibrations.append(cal)
-            if tuning.get("workload") and len(tuner.phases) > (1 if tuning["threads"] else 0):
+            if tuning.get("workload") and tuner.step_phases:
                 store_unless_loaded(self.device, {**tuning["workload"], "candidates": tuning["candidates"]}, cal)
+        timed = tuner.compile_calibration("compile (the chosen step); timed on the run's own steps")
+        if timed is not None:
+            if self._load.contended(torch.get_num_threads()):
+                timed.extra["other_load_cores"] = round(self._load.cores, 2)
+            p.calibrations.append(timed)
+            if tuning.get("compile_workload"):  # (the next run's compile decision reads it: nothing timed there)
+                store_unless_loaded(self.device, {**tuning["compile_workload"],
+                                                  "settings": {k: chosen[k] for k in STEP_SETTINGS}}, timed)
         if (line := tuner.threads_line(usable_cores())) is not None:
             p.notes.append(line)
         p.notes += tuner.lines()

@@ -15,6 +15,13 @@ A run's master weights, optimizer state and data are the same under every candid
 kernel, the weights' memory format and the thread count change how a step computes, not what it learns), so the
 tuning steps are ordinary training steps. What they cost is only how much slower the candidates that lost were
 than the one chosen (``excess_s``), which the plan reports.
+
+Last, where the budget could repay a compile (training/compile_plan.py) and none was timed for this step before, the
+chosen step compiled (``compile``) against it eager: torch.compile shares the module's parameters, so the compiled
+step trains the same weights. Its first two steps are the compile (Inductor may recompile once for the second call's
+guards) and are never cut on; then the two are timed round-robin like any setting, and eager is kept unless compiled
+is clearly faster. Timed before the first step instead, a 30-minute CIFAR-10 run spent 48 s (2.7% of its budget) on
+all 8 candidates and a compile that lost (418 vs 399 ms); here what a lost compile costs is its compile alone.
 """
 from __future__ import annotations
 
@@ -41,7 +48,9 @@ WORST_STEPS = round(2 * (FIRST_CUT - 1) + (ROUNDS - 1) * (CUT - 1) + 0.49)
 # few percent of each other (82 and 90 steps, 40.97% and 43.23%; issue 79 asks the same settings twice), and the
 # AMX Xeon's bf16 exact step with and without channels_last is 236 against 235 ms: a choice on noise
 TIE = 1.03
-SETTINGS = ("precision", "attention", "channels_last")  # the step's settings, in the order they are decided
+STEP_SETTINGS = ("precision", "attention", "channels_last")  # the step's settings, in the order they are decided
+SETTINGS = (*STEP_SETTINGS, "compile")  # ... and then, on the chosen step, whether it is compiled
+COMPILE_WARM_STEPS = 2  # a compiled candidate's untimed first steps: the compile, and the recompile it may need
 
 
 @dataclass
@@ -85,6 +94,7 @@ class StepTuner:
         self.steps = 0  # steps taken under the tuner
         self.seconds = 0.0  # what they took
         self._pending: float | None = None
+        self._failed: str | None = None  # why the step being timed failed (``fail``)
         self._plan = self._schedule()
         self._next = self._advance()
 
@@ -105,6 +115,11 @@ class StepTuner:
         self.seconds += seconds
         self._pending = seconds
         self._next = self._advance()
+
+    def fail(self, why: str) -> None:
+        """The candidate of the step being timed failed (a compile Inductor could not build; the run stepped on
+        eagerly): it is dropped, ``why`` said."""
+        self._failed = why
 
     def stop(self) -> None:
         """End the tuning now (the run is ending, or the budget cannot afford more): the best so far is kept."""
@@ -128,6 +143,8 @@ class StepTuner:
         yield {**phase.held, phase.key: c.value}
         assert self._pending is not None
         seconds, self._pending = self._pending, None
+        if self._failed:
+            c.note, self._failed = self._failed, None
         return seconds
 
     def _schedule(self) -> Generator[dict[str, Any], None, None]:
@@ -138,8 +155,14 @@ class StepTuner:
                 # (the value held from the phase before is warm: its steps there were its warm-up)
                 if not (self.phases[0] is not phase and c.value == self.current.get(key)):
                     c.warm = yield from self._timed(phase, c)
+                    for _ in range(COMPILE_WARM_STEPS - 1 if key == "compile" and c.value and c.alive else 0):
+                        c.warm += yield from self._timed(phase, c)
+                if not c.alive:  # (failed)
+                    continue
                 best = _best_timed(phase)
-                if c.warm is not None and best is not None and c.warm > WARM_CUT * best:
+                if key == "compile":  # (its warm-up is the compile: what it costs was judged before it was tried)
+                    pass
+                elif c.warm is not None and best is not None and c.warm > WARM_CUT * best:
                     c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms vs {best * 1e3:.0f} ms)"
                     continue
                 if c.warm is not None and best is not None and _splits_well(phase, c, best):
@@ -171,7 +194,7 @@ class StepTuner:
                 c.note = f"cut after {len(c.samples)} step{'s' if len(c.samples) > 1 else ''}"
 
     def _decide(self, phase: Phase) -> None:
-        timed = [c for c in phase.candidates if c.samples]
+        timed = [c for c in phase.candidates if c.samples and c.alive]
         if not timed:
             phase.chosen = self.current.get(phase.key)
             return
@@ -204,10 +227,10 @@ class StepTuner:
         others at the settings its phase held (the held best appears in each phase: its samples are pooled)."""
         pooled: dict[tuple, tuple[dict[str, Any], list[float], list[str]]] = {}
         for phase in self.phases:
-            if phase.key == "threads":
+            if phase.key not in STEP_SETTINGS:
                 continue
             for c in phase.candidates:
-                settings = {k: (c.value if k == phase.key else phase.held[k]) for k in SETTINGS}
+                settings = {k: (c.value if k == phase.key else phase.held[k]) for k in STEP_SETTINGS}
                 _, samples, notes = pooled.setdefault(tuple(settings.items()), (settings, [], []))
                 samples += c.samples
                 notes += [c.note] if c.note else []
@@ -216,10 +239,27 @@ class StepTuner:
         timings = [Timing(s, _pace(x) if x else None, len(x), notes[0] if notes else "")  # (as chosen)
                    for s, x, notes in pooled.values()]
         cal = Calibration(what, timings, seconds_spent=self.seconds)
-        chosen = {k: self.current[k] for k in SETTINGS}
+        chosen = {k: self.current[k] for k in STEP_SETTINGS}
         if any(t.settings == chosen and t.seconds is not None for t in timings):
             cal.chosen = chosen
         return cal
+
+    @property
+    def step_phases(self) -> int:
+        """How many of the step's settings were timed (not the threads, not the compile)."""
+        return sum(p.key in STEP_SETTINGS for p in self.phases)
+
+    def compile_calibration(self, what: str) -> Calibration | None:
+        """The compile's timing, as the planner's compile decision reads it from the cache (``compile_plan``): the
+        eager and the compiled step, and the compile's seconds (its untimed first steps)."""
+        phase = next((p for p in self.phases if p.key == "compile"), None)
+        tried = next((c for c in phase.candidates if c.value), None) if phase else None
+        if tried is None or tried.warm is None:
+            return None
+        timings = [Timing({"compiled": c.value}, _pace(c.samples) if c.samples else None, len(c.samples), c.note)
+                   for c in phase.candidates]
+        return Calibration(what, timings, seconds_spent=sum(c.warm or 0.0 for c in phase.candidates) + sum(
+            sum(c.samples) for c in phase.candidates), extra={"compile_s": round(tried.warm, 2)})
 
     def threads_line(self, cores: int) -> str | None:
         phase = next((p for p in self.phases if p.key == "threads"), None)
@@ -242,6 +282,8 @@ class StepTuner:
                 continue
             each = ", ".join(f"{_name(phase.key, c.value)} "
                              + (f"{_pace(c.samples) * 1e3:.0f} ms" if c.samples else "-")
+                             + (f" (its compile: {c.warm:.1f} s)" if phase.key == "compile" and c.value
+                                and c.warm is not None else "")
                              + (f" ({c.note})" if c.note else "") for c in phase.candidates)
             out.append(f"  {phase.key}: {each} -> {_name(phase.key, phase.chosen)}")
         return out
@@ -283,4 +325,6 @@ def _best_timed(phase: Phase) -> float | None:
 def _name(key: str, value: Any) -> str:
     if key == "channels_last":
         return "channels_last" if value else "no-channels_last"
+    if key == "compile":
+        return "compiled" if value else "eager"
     return str(value)
