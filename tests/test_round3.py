@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -158,15 +160,29 @@ def test_timings_taken_while_other_processes_hold_the_cores_are_not_cached(monke
 
     monkeypatch.setenv("VITKIT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VITKIT_CACHE_UNDER_LOAD", raising=False)
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # two busy processes that are not this one's children (a child's CPU is this run's own: a DataLoader's workers)
+    spin = f"{shlex.quote(sys.executable)} -c 'while True: pass'"
+    started = subprocess.run(["sh", "-c", f"{spin} >/dev/null 2>&1 & echo $!; {spin} >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    spinners = [int(pid) for pid in started.stdout.split()]
     try:
         time.sleep(0.3)
         with OtherLoad() as load:
             time.sleep(0.6)
     finally:
-        for s in spinners:
-            s.kill()
+        for pid in spinners:
+            os.kill(pid, signal.SIGKILL)
     assert load.cores is not None and load.cores > 1.2 and load.contended(threads=1)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a child's seconds are this run's own
+    try:
+        time.sleep(0.3)
+        own0, self0 = threads._own_seconds(), sum(os.times()[:2])
+        time.sleep(0.6)
+        own1, self1 = threads._own_seconds(), sum(os.times()[:2])
+    finally:
+        child.kill()
+        child.wait()
+    assert (own1 - own0) - (self1 - self0) > 0.1  # (a share of a core for 0.6 s, however busy the machine)
     with OtherLoad() as quick:
         pass
     assert quick.cores is None  # too short a block to judge: the counters tick every 10 ms

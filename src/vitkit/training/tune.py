@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 from ..runtime.calibrate import CUT, Calibration, Timing
-from ..runtime.threads import BIG_STEP_S, pick
+from ..runtime.threads import BIG_STEP_S, OtherLoad, pick
 
 ROUNDS = 3  # timed steps per candidate (round-robin) ...
 # ... or up to MAX_ROUNDS while a setting's timed steps have taken less than SHORT_PHASE_S: a 60 ms step's three
@@ -51,6 +51,11 @@ TIE = 1.03
 STEP_SETTINGS = ("precision", "attention", "channels_last")  # the step's settings, in the order they are decided
 SETTINGS = (*STEP_SETTINGS, "compile")  # ... and then, on the chosen step, whether it is compiled
 COMPILE_WARM_STEPS = 2  # a compiled candidate's untimed first steps: the compile, and the recompile it may need
+# Cores of other processes' load that moved this much between two steps makes them unfair to cut one on the other: a
+# neighbour that left mid-round made the up-front timing's last candidate, fp32, timed alone at 1.9 s, beat bf16's
+# 7.6 s under load (a 30-minute FixMatch run then trained at half bf16's pace, issue 79); a steady neighbour (a busy
+# loop from the start) falls on every step alike, and the cuts stay as cheap as they are on a quiet machine
+LOAD_SHIFT = 0.5
 
 
 @dataclass
@@ -59,6 +64,8 @@ class _Candidate:
     warm: float | None = None
     samples: list[float] = field(default_factory=list)
     note: str = ""
+    warm_load: float | None = None  # others' cores during its warm-up step (OtherLoad; None: too short to tell)
+    loads: list[float | None] = field(default_factory=list)  # ... during each of its timed steps
 
     @property
     def alive(self) -> bool:
@@ -73,6 +80,7 @@ class Phase:
     candidates: list[_Candidate]
     held: dict[str, Any]  # the other settings while this one was timed
     chosen: Any = None
+    note: str = ""  # why a cut was not made (the load moved)
 
 
 class StepTuner:
@@ -80,12 +88,14 @@ class StepTuner:
     (``record``), and once ``done``, what was chosen (``chosen``) and how (``lines``, ``calibration``)."""
 
     def __init__(self, start: dict[str, Any], options: dict[str, list[Any]], threads: list[int] | None = None,
-                 rounds: int = ROUNDS) -> None:
+                 rounds: int = ROUNDS, load: Callable[[], OtherLoad] = OtherLoad) -> None:
         """``start``: the settings the run starts with (``SETTINGS`` and ``threads``); ``options``: for each setting
         left ``auto``, its candidates (the start's value among them); ``threads``: the thread counts to time, or
-        None where the count is given."""
+        None where the count is given; ``load``: what measures other processes' load over a step."""
         self.current = dict(start)
         self.rounds = rounds
+        self._load = load
+        self._step_load: float | None = None  # others' cores over the step ``_timed`` last gave
         keys = (["threads"] if threads and len(threads) > 1 else []) + [k for k in SETTINGS
                                                                        if len(options.get(k, [])) > 1]
         self.options = {**{k: list(v) for k, v in options.items()}, **({"threads": list(threads)} if threads else {})}
@@ -140,7 +150,9 @@ class StepTuner:
 
     def _timed(self, phase: Phase, c: _Candidate) -> Generator[dict[str, Any], None, float]:
         """Yields the settings of one step of candidate ``c``; returns its seconds."""
-        yield {**phase.held, phase.key: c.value}
+        with self._load() as load:  # (the generator waits here while the trainer runs the step)
+            yield {**phase.held, phase.key: c.value}
+        self._step_load = load.cores
         assert self._pending is not None
         seconds, self._pending = self._pending, None
         if self._failed:
@@ -157,19 +169,27 @@ class StepTuner:
                     c.warm = yield from self._timed(phase, c)
                     for _ in range(COMPILE_WARM_STEPS - 1 if key == "compile" and c.value and c.alive else 0):
                         c.warm += yield from self._timed(phase, c)
+                    c.warm_load = self._step_load
                 if not c.alive:  # (failed)
                     continue
                 best = _best_timed(phase)
-                if key == "compile":  # (its warm-up is the compile: what it costs was judged before it was tried)
-                    pass
-                elif c.warm is not None and best is not None and c.warm > WARM_CUT * best:
+                # (a compile's warm-up is the compile: what it costs was judged before it was tried)
+                cut = key != "compile" and c.warm is not None and best is not None
+                if cut and _load_moved(c.warm_load, _load_at_best(phase)):  # timed, not cut at its warm-up
+                    phase.note, cut = _moved_note(c.warm_load, _load_at_best(phase)), False
+                if cut and c.warm > WARM_CUT * best:
                     c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms vs {best * 1e3:.0f} ms)"
                     continue
-                if c.warm is not None and best is not None and _splits_well(phase, c, best):
+                if cut and _splits_well(phase, c, best):
                     c.note = f"cut at warm-up ({c.warm * 1e3:.0f} ms: a {best:.1f} s step splits well)"
                     continue
                 c.samples.append((yield from self._timed(phase, c)))
-            self._cut(phase, FIRST_CUT)
+                c.loads.append(self._step_load)
+            first = [c.loads[0] for c in phase.candidates if c.alive and c.loads and c.loads[0] is not None]
+            if first and _load_moved(min(first), max(first)):  # round 1 is not cut on; the pace leaves it out
+                phase.note = _moved_note(min(first), max(first))
+            else:
+                self._cut(phase, FIRST_CUT)
             for r in range(1, MAX_ROUNDS):
                 alive = [c for c in phase.candidates if c.alive]
                 timed_s = sum(sum(c.samples) for c in phase.candidates)
@@ -177,6 +197,7 @@ class StepTuner:
                     break
                 for c in alive:
                     c.samples.append((yield from self._timed(phase, c)))
+                    c.loads.append(self._step_load)
                 self._cut(phase)
             self._decide(phase)
 
@@ -285,7 +306,8 @@ class StepTuner:
                              + (f" (its compile: {c.warm:.1f} s)" if phase.key == "compile" and c.value
                                 and c.warm is not None else "")
                              + (f" ({c.note})" if c.note else "") for c in phase.candidates)
-            out.append(f"  {phase.key}: {each} -> {_name(phase.key, phase.chosen)}")
+            out.append(f"  {phase.key}: {each} -> {_name(phase.key, phase.chosen)}"
+                       + (f" ({phase.note})" if phase.note else ""))
         return out
 
 
@@ -315,6 +337,21 @@ def _pace(samples: list[float]) -> float:
     """A candidate's seconds a step: the median of its timed steps, the first left out where there are three (it
     may still be warming up)."""
     return statistics.median(_paced(samples))
+
+
+def _load_moved(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and abs(a - b) > LOAD_SHIFT
+
+
+def _moved_note(a: float | None, b: float | None) -> str:
+    return (f"other processes' load moved between its first steps ({min(a, b):.1f} to {max(a, b):.1f} cores): "
+            "none cut on them")
+
+
+def _load_at_best(phase: Phase) -> float | None:
+    """Others' load during the fastest timed step of the phase."""
+    timed = [(s, load) for c in phase.candidates if c.alive for s, load in zip(c.samples, c.loads)]
+    return min(timed, key=lambda t: t[0])[1] if timed else None
 
 
 def _best_timed(phase: Phase) -> float | None:
