@@ -202,7 +202,8 @@ def test_a_budget_that_buys_more_epochs_grows_the_schedule_up_to_max_epochs(monk
     cfg, p = plan_mod.make_plan(TrainConfig.from_dict({**base.to_dict(), "max_epochs": 500}), data,
                                 log=lambda s: None)
     bought = p.epochs_affordable  # (60 s * 0.99 - 2 - planning) * 0.8 * 6,400 img/s / 1,437 images: ~200
-    assert 150 < bought < 215 and cfg.epochs == min(500, math.ceil(bought * 1.25))
+    # (the plan keeps what was bought to two decimals: 202.4 from 202.403 once made 253 of the run's 254 epochs)
+    assert 150 < bought < 215 and math.ceil((bought - 0.005) * 1.25) <= cfg.epochs <= math.ceil((bought + 0.005) * 1.25)
     assert cfg.warmup_epochs == pytest.approx(base.warmup_epochs * cfg.epochs / base.epochs)
     assert any("a longer schedule" in n for n in p.notes)
     capped, _ = plan_mod.make_plan(TrainConfig.from_dict({**base.to_dict(), "max_epochs": 100}), data,
