@@ -431,6 +431,11 @@ def test_a_neighbour_that_starts_mid_run_has_the_thread_count_timed_again(monkey
     assert torch.get_num_threads() == 1 and t.plan.chosen["threads"] == 1
     assert any(n.startswith(f"at step {t.step}: threads: 1 of") for n in t.plan.notes)
     assert t.budget.mark[0] == t.step and t._chosen_at is None
+    # a step compiled on the run's steps keeps the threads it was compiled at (Inductor's OpenMP pragmas): not re-timed
+    t.train_model = object()
+    t._chosen_at, t.budget.sec_per_step = (0.1, t.elapsed() - 60), 0.3
+    t._check_pace()
+    assert t.tuner is None
 
 
 def test_a_recipe_that_ends_well_inside_its_budget_says_so_and_names_max_epochs():

@@ -531,7 +531,9 @@ class Trainer:
         43-44 s, results/threads-contention.csv). At most once every ``RETIME_EVERY`` of the budget."""
         counts = (self.plan.tuning or {}).get("threads") if self.plan is not None else None
         pace, at = self.budget.sec_per_step, self._chosen_at
-        if not counts or not pace or self.world > 1:
+        # (a step compiled on its run's steps keeps the thread count it was compiled at: Inductor's CPU kernels
+        # carry it in their OpenMP pragmas)
+        if not counts or not pace or self.world > 1 or self.train_model is not self.module:
             return
         if at is None:  # the first pace measured at the chosen settings: what later paces are compared with
             self._chosen_at = (pace, self.elapsed())
