@@ -21,7 +21,9 @@ chosen step compiled (``compile``) against it eager: torch.compile shares the mo
 step trains the same weights. Its first two steps are the compile (Inductor may recompile once for the second call's
 guards) and are never cut on; then the two are timed round-robin like any setting, and eager is kept unless compiled
 is clearly faster. Timed before the first step instead, a 30-minute CIFAR-10 run spent 48 s (2.7% of its budget) on
-all 8 candidates and a compile that lost (418 vs 399 ms); here what a lost compile costs is its compile alone.
+all 8 candidates and a compile that lost (418 vs 399 ms); here what a lost compile costs is its compile alone,
+which on that 2-core EPYC is most of it (a cold compile of 36-58 s): a first run on a machine still pays it once,
+and the next reads the loss from the cache.
 """
 from __future__ import annotations
 
