@@ -77,7 +77,7 @@ def _compile_outlook(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any],
                      ) -> tuple[dict[str, Any], Calibration | None, float, float, str | None]:
     """(the compile's workload, its cached timing, the run's seconds, the compile's seconds, and why a compile is
     not worth timing, or None where it is)."""
-    workload = {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
+    workload = _compile_workload(cfg, probe, chosen, device)
     known = None if refresh else cached(device, workload)
     eager_s = (cal.seconds_of(**chosen) if cal is not None else None)
     if cfg.time_limit:
@@ -101,8 +101,13 @@ def _compile_outlook(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any],
 def compile_cached(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,
                    refresh: bool) -> bool:
     """Whether this step's compile, at ``chosen``, was timed on this machine before (cached)."""
-    return not refresh and cached(device, {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile",
-                                           "settings": chosen}) is not None
+    return not refresh and cached(device, _compile_workload(cfg, probe, chosen, device)) is not None
+
+
+def _compile_workload(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device
+                      ) -> dict[str, Any]:
+    """The cache key of this step's compile timing, at the step settings ``chosen``."""
+    return {**step_workload(cfg, probe.model, probe.n, device), "kind": "compile", "settings": chosen}
 
 
 def compile_left_to_the_run(cfg: TrainConfig, probe: StepProbe, chosen: dict[str, Any], device: torch.device,

@@ -30,7 +30,7 @@ from ..runtime.device import resolve_device
 from ..runtime.distributed import (any_rank, barrier, broadcast_ints, gather_objects, gradients_reduced, local_rank,
                                    rank_and_world)
 from ..runtime.memory import release_free_memory
-from ..runtime.calibrate import store_unless_loaded
+from ..runtime.calibrate import Calibration, store_unless_loaded
 from ..runtime.compile import CompileTrial
 from ..runtime.precision import autocast_for, matmul_precision
 from ..runtime.threads import OtherLoad, usable_cores
@@ -502,6 +502,12 @@ class Trainer:
                 self._trial = CompileTrial(self.module, self._compile_failed)
             self.train_model = self._trial if compiled else self.module
 
+    def _mark_load(self, cal: Calibration) -> None:
+        """A timing taken while others held the cores says so (``store_unless_loaded`` then keeps it out of the
+        cache)."""
+        if self._load.contended(torch.get_num_threads()):
+            cal.extra["other_load_cores"] = round(self._load.cores, 2)
+
     def _compile_failed(self, e: BaseException) -> None:
         why = f"failed: {' '.join(str(e).split())}"[:160]
         if self.tuner is not None:
@@ -601,15 +607,13 @@ class Trainer:
         tuning, p = self.plan.tuning, self.plan
         cal = tuner.calibration(f"{tuning['what']}; timed on the run's first steps, each of which trained")
         if cal is not None:
-            if self._load.contended(torch.get_num_threads()):
-                cal.extra["other_load_cores"] = round(self._load.cores, 2)
+            self._mark_load(cal)
             p.calibrations.append(cal)
             if tuning.get("workload") and tuner.step_phases:
                 store_unless_loaded(self.device, {**tuning["workload"], "candidates": tuning["candidates"]}, cal)
         timed = tuner.compile_calibration("compile (the chosen step); timed on the run's own steps")
         if timed is not None:
-            if self._load.contended(torch.get_num_threads()):
-                timed.extra["other_load_cores"] = round(self._load.cores, 2)
+            self._mark_load(timed)
             p.calibrations.append(timed)
             if tuning.get("compile_workload"):  # (the next run's compile decision reads it: nothing timed there)
                 store_unless_loaded(self.device, {**tuning["compile_workload"],
